@@ -1,0 +1,33 @@
+# Finds libtorch inside the PyPI torch wheel, through torch.utils.cmake_prefix_path.
+# ci/setup installs the pinned wheel into /opt/sgpu/venv; SGPU_PYTHON or Torch_DIR override.
+if(NOT Torch_DIR)
+  if(NOT SGPU_PYTHON)
+    if(EXISTS /opt/sgpu/venv/bin/python)
+      set(SGPU_PYTHON /opt/sgpu/venv/bin/python CACHE FILEPATH "" FORCE)
+    else()
+      find_program(_sgpu_python3 python3 REQUIRED)
+      set(SGPU_PYTHON ${_sgpu_python3} CACHE FILEPATH "" FORCE)
+    endif()
+  endif()
+  execute_process(
+    COMMAND ${SGPU_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _sgpu_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _sgpu_torch_rc ERROR_QUIET)
+  if(NOT _sgpu_torch_rc EQUAL 0)
+    message(FATAL_ERROR "sgpu: ${SGPU_PYTHON} cannot import torch. Run ci/setup, "
+                        "or pass -DSGPU_PYTHON=<python with torch> or -DTorch_DIR=<libtorch>/share/cmake/Torch.")
+  endif()
+  set(Torch_DIR ${_sgpu_torch_prefix}/Torch)
+endif()
+# Without an explicit list, Caffe2's CUDA module probes the installed GPUs with try_run,
+# which fails on machines without one. sgpu compiles no CUDA kernels of its own.
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;8.6;9.0")
+endif()
+find_package(Torch REQUIRED)
+set(SGPU_TORCH_VERSION ${Torch_VERSION})
+# sgpu's components use the CPU part of libtorch (c10d stores, Gloo, tensors); only the
+# CUDA backend links the CUDA part, so that simulated ranks do not load CUDA libraries.
+add_library(sgpu_torch_cpu INTERFACE)
+target_link_libraries(sgpu_torch_cpu INTERFACE torch_cpu c10)
+target_compile_options(sgpu_torch_cpu INTERFACE ${TORCH_CXX_FLAGS})

@@ -1,0 +1,82 @@
+#include "sim/node_spec.h"
+
+#include <charconv>
+#include <cstdint>
+
+#include "backend/gpu_type.h"
+#include "sgpu/errors.h"
+
+namespace sgpu::sim {
+namespace {
+
+[[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
+  throw ConfigError("bad simulated node spec \"" + std::string(spec) + "\": " + why +
+                    ". Write it as COUNTxTYPE[:MEMORY] joined by '+', e.g. \"8xH100\", "
+                    "\"4xH100+4xA10\", \"2xH200:40GiB\"");
+}
+
+std::uint64_t parse_memory(std::string_view spec, std::string_view text) {
+  std::uint64_t number = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec != std::errc() || end == text.data() || number == 0) {
+    bad_spec(spec, "memory \"" + std::string(text) + "\" is not a positive size");
+  }
+  const std::string_view unit(end, static_cast<std::size_t>(text.data() + text.size() - end));
+  if (unit == "GiB" || unit == "G" || unit == "GB") {
+    return unit == "GB" ? number * 1000 * 1000 * 1000 : number << 30;
+  }
+  if (unit == "MiB" || unit == "M" || unit == "MB") {
+    return unit == "MB" ? number * 1000 * 1000 : number << 20;
+  }
+  bad_spec(spec, "memory unit \"" + std::string(unit) + "\" is not GiB, GB, MiB or MB");
+}
+
+}  // namespace
+
+backend::Inventory parse_node_spec(std::string_view spec) {
+  backend::Inventory inventory;
+  inventory.node = "simulated node " + std::string(spec);
+  if (spec.empty()) bad_spec(spec, "it is empty");
+  std::size_t start = 0;
+  while (start <= spec.size()) {
+    const std::size_t plus = spec.find('+', start);
+    const std::string_view part =
+        spec.substr(start, plus == std::string_view::npos ? std::string_view::npos : plus - start);
+    const std::size_t x = part.find_first_of("xX");
+    if (x == std::string_view::npos || x == 0) {
+      bad_spec(spec, "\"" + std::string(part) + "\" is not COUNTxTYPE");
+    }
+    int count = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + x, count);
+    if (ec != std::errc() || end != part.data() + x || count < 1 || count > 1024) {
+      bad_spec(spec, "count \"" + std::string(part.substr(0, x)) + "\" is not 1 to 1024");
+    }
+    std::string_view type_text = part.substr(x + 1);
+    std::string_view memory_text;
+    if (const std::size_t colon = type_text.find(':'); colon != std::string_view::npos) {
+      memory_text = type_text.substr(colon + 1);
+      type_text = type_text.substr(0, colon);
+    }
+    const auto type = backend::parse_gpu_type(type_text);
+    if (!type) {
+      bad_spec(spec, "unknown GPU type \"" + std::string(type_text) +
+                         "\" (known: " + backend::known_gpu_types_text() + ")");
+    }
+    const backend::GpuModel& model = *backend::find_gpu_model(*type);
+    const std::uint64_t memory =
+        memory_text.empty() ? model.memory_bytes : parse_memory(spec, memory_text);
+    for (int i = 0; i < count; ++i) {
+      backend::Gpu gpu;
+      gpu.index = static_cast<int>(inventory.gpus.size());
+      gpu.type = *type;
+      gpu.name = std::string(model.device_name) + " (simulated)";
+      gpu.memory_bytes = memory;
+      inventory.gpus.push_back(std::move(gpu));
+    }
+    if (plus == std::string_view::npos) break;
+    start = plus + 1;
+  }
+  return inventory;
+}
+
+}  // namespace sgpu::sim

@@ -1,0 +1,33 @@
+// The real backend: the node's NVIDIA GPUs.
+//
+// Detection loads the CUDA driver (libcuda.so.1) at run time, so a binary built with CUDA
+// still starts on a machine without a driver and reports no GPU, with the reason. The
+// driver honours CUDA_VISIBLE_DEVICES. Device names are normalised through
+// backend/gpu_type.h. Process groups (NCCL) and device binding come with the backend
+// interface's process-group seam.
+#pragma once
+
+#include "sgpu/config.h"
+
+#if !SGPU_WITH_CUDA
+#error "src/backend/cuda is built only with SGPU_WITH_CUDA=1"
+#endif
+
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace sgpu::cuda {
+
+class CudaBackend final : public backend::Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  backend::Inventory inventory(const Options& options) const override;
+  std::string device(int device_index) const override {
+    return "cuda:" + std::to_string(device_index);
+  }
+};
+
+std::unique_ptr<backend::Backend> make_cuda_backend();
+
+}  // namespace sgpu::cuda

@@ -1,0 +1,94 @@
+// Device detection through the CUDA driver API, loaded with dlopen.
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/gpu_type.h"
+
+namespace sgpu::cuda {
+namespace {
+
+struct Driver {
+  void* handle = nullptr;
+  decltype(&cuInit) init = nullptr;
+  decltype(&cuDeviceGetCount) get_count = nullptr;
+  decltype(&cuDeviceGet) get = nullptr;
+  decltype(&cuDeviceGetName) get_name = nullptr;
+  decltype(&cuDeviceTotalMem) total_mem = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+  std::string load_error;
+};
+
+const Driver& driver() {
+  static const Driver loaded = [] {
+    Driver d;
+    d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (d.handle == nullptr) {
+      d.load_error = std::string("no CUDA driver (") + dlerror() + ")";
+      return d;
+    }
+    d.init = reinterpret_cast<decltype(&cuInit)>(dlsym(d.handle, "cuInit"));
+    d.get_count = reinterpret_cast<decltype(&cuDeviceGetCount)>(dlsym(d.handle, "cuDeviceGetCount"));
+    d.get = reinterpret_cast<decltype(&cuDeviceGet)>(dlsym(d.handle, "cuDeviceGet"));
+    d.get_name = reinterpret_cast<decltype(&cuDeviceGetName)>(dlsym(d.handle, "cuDeviceGetName"));
+    d.total_mem =
+        reinterpret_cast<decltype(&cuDeviceTotalMem)>(dlsym(d.handle, "cuDeviceTotalMem_v2"));
+    d.error_string =
+        reinterpret_cast<decltype(&cuGetErrorString)>(dlsym(d.handle, "cuGetErrorString"));
+    if (!d.init || !d.get_count || !d.get || !d.get_name || !d.total_mem) {
+      d.load_error = "the CUDA driver in libcuda.so.1 lacks the device API sgpu needs";
+    }
+    return d;
+  }();
+  return loaded;
+}
+
+std::string describe(const Driver& d, CUresult result) {
+  const char* text = nullptr;
+  if (d.error_string != nullptr) d.error_string(result, &text);
+  return text != nullptr ? text : "CUDA error " + std::to_string(static_cast<int>(result));
+}
+
+}  // namespace
+
+backend::Inventory CudaBackend::inventory(const Options&) const {
+  backend::Inventory inventory;
+  inventory.node = "this node's NVIDIA GPUs";
+  const Driver& d = driver();
+  if (!d.load_error.empty()) {
+    inventory.unavailable_reason = d.load_error;
+    return inventory;
+  }
+  if (CUresult r = d.init(0); r != CUDA_SUCCESS) {
+    inventory.unavailable_reason = "the CUDA driver did not initialise: " + describe(d, r);
+    return inventory;
+  }
+  int count = 0;
+  if (CUresult r = d.get_count(&count); r != CUDA_SUCCESS || count == 0) {
+    inventory.unavailable_reason =
+        r != CUDA_SUCCESS ? "cannot count devices: " + describe(d, r)
+                          : "the driver reports no device (check CUDA_VISIBLE_DEVICES)";
+    return inventory;
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice device = 0;
+    char name[256] = {};
+    size_t memory = 0;
+    if (d.get(&device, i) != CUDA_SUCCESS) continue;
+    d.get_name(name, sizeof name, device);
+    d.total_mem(&memory, device);
+    backend::Gpu gpu;
+    gpu.index = i;
+    gpu.name = name;
+    gpu.type = backend::normalize_device_name(gpu.name);
+    gpu.memory_bytes = memory;
+    inventory.gpus.push_back(std::move(gpu));
+  }
+  return inventory;
+}
+
+std::unique_ptr<backend::Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace sgpu::cuda

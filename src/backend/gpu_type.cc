@@ -1,0 +1,78 @@
+#include "backend/gpu_type.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace sgpu::backend {
+namespace {
+
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+
+std::string upper(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  return out;
+}
+
+}  // namespace
+
+const std::vector<GpuModel>& gpu_models() {
+  static const std::vector<GpuModel> models = {
+      {"H100", "NVIDIA H100 80GB HBM3", 80 * kGiB},
+      {"H200", "NVIDIA H200", 141 * kGiB},
+      {"H20", "NVIDIA H20", 96 * kGiB},
+      {"H800", "NVIDIA H800", 80 * kGiB},
+      {"GH200", "NVIDIA GH200 480GB", 96 * kGiB},
+      {"B200", "NVIDIA B200", 180 * kGiB},
+      {"B300", "NVIDIA B300", 270 * kGiB},
+      {"GB200", "NVIDIA GB200", 186 * kGiB},
+      {"A100", "NVIDIA A100-SXM4-80GB", 80 * kGiB},
+      {"A800", "NVIDIA A800-SXM4-80GB", 80 * kGiB},
+      {"A40", "NVIDIA A40", 48 * kGiB},
+      {"A30", "NVIDIA A30", 24 * kGiB},
+      {"A10", "NVIDIA A10", 24 * kGiB},
+      {"A10G", "NVIDIA A10G", 24 * kGiB},
+      {"L40S", "NVIDIA L40S", 48 * kGiB},
+      {"L40", "NVIDIA L40", 48 * kGiB},
+      {"L4", "NVIDIA L4", 24 * kGiB},
+      {"V100", "Tesla V100-SXM2-32GB", 32 * kGiB},
+      {"T4", "Tesla T4", 16 * kGiB},
+  };
+  return models;
+}
+
+std::string known_gpu_types_text() {
+  std::string text;
+  for (const GpuModel& model : gpu_models()) {
+    if (!text.empty()) text += ", ";
+    text += model.type;
+  }
+  return text;
+}
+
+const GpuModel* find_gpu_model(std::string_view type) {
+  for (const GpuModel& model : gpu_models()) {
+    if (model.type == type) return &model;
+  }
+  return nullptr;
+}
+
+std::optional<std::string> parse_gpu_type(std::string_view requested) {
+  const std::string wanted = upper(requested);
+  if (const GpuModel* model = find_gpu_model(wanted)) return std::string(model->type);
+  return std::nullopt;
+}
+
+std::string normalize_device_name(std::string_view device_name) {
+  // Drop the vendor and family words, then take the model token up to the first space or
+  // dash: "NVIDIA A100-SXM4-80GB" -> "A100", "Tesla V100-SXM2-16GB" -> "V100".
+  std::string name = upper(device_name);
+  for (std::string_view prefix : {"NVIDIA ", "TESLA ", "GEFORCE ", "QUADRO "}) {
+    if (name.rfind(prefix, 0) == 0) name.erase(0, prefix.size());
+  }
+  const auto end = name.find_first_of(" -");
+  return name.substr(0, end);
+}
+
+}  // namespace sgpu::backend

@@ -1,0 +1,36 @@
+// GPU types as normalised names: "NVIDIA H100 80GB HBM3" is "H100".
+//
+// One table serves device detection (cuda), node specs (sim), user input
+// (case-insensitive) and the messages of accelerator-mismatch errors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sgpu::backend {
+
+struct GpuModel {
+  std::string_view type;          // normalised name, e.g. "H100"
+  std::string_view device_name;   // what the driver reports for the common variant
+  std::uint64_t memory_bytes;     // memory of the common variant
+};
+
+// Every type sgpu knows, in table order.
+const std::vector<GpuModel>& gpu_models();
+// "H100, H200, ..." for messages.
+std::string known_gpu_types_text();
+
+// The normalised type of a user's request ("h100" -> "H100"); nullopt when unknown.
+std::optional<std::string> parse_gpu_type(std::string_view requested);
+
+// The normalised type of a device name the driver reports; for a device sgpu does not
+// know, the name's model token upper-cased ("NVIDIA Foo 9" -> "FOO").
+std::string normalize_device_name(std::string_view device_name);
+
+// The table entry of a normalised type; nullptr when unknown.
+const GpuModel* find_gpu_model(std::string_view type);
+
+}  // namespace sgpu::backend

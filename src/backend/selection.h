@@ -1,0 +1,21 @@
+// Step 3 of a call: does the node serve the request? Pure function of the inventory.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace sgpu::backend {
+
+struct Selection {
+  std::string gpu_type;             // requested, or detected when the request had none
+  std::vector<int> device_indices;  // local rank i runs on device_indices[i]
+};
+
+// Throws AcceleratorMismatchError saying what was asked, what the node has and what to
+// change: unknown type, a type the node lacks, more GPUs than the node (or the type) has.
+Selection select_devices(const Inventory& inventory, int gpus, const std::string& gpu_type,
+                         std::string_view backend_name);
+
+}  // namespace sgpu::backend

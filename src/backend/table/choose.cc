@@ -1,0 +1,57 @@
+// Picks a backend from the generated table (backend_table.cc).
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "backend/backend_table.h"
+#include "sgpu/errors.h"
+
+namespace sgpu::backend {
+
+namespace {
+
+std::string known_backends_text() {
+  std::string text;
+  for (const BackendEntry& entry : backend_table()) {
+    if (!text.empty()) text += ", ";
+    text += "\"" + std::string(entry.name) + "\"";
+  }
+  return text;
+}
+
+}  // namespace
+
+const Backend& find_backend(std::string_view name) {
+  // One instance per backend per process; the table is fixed at build time.
+  static std::map<std::string, std::unique_ptr<Backend>, std::less<>> made;
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  if (auto it = made.find(name); it != made.end()) return *it->second;
+  for (const BackendEntry& entry : backend_table()) {
+    if (entry.name == name) {
+      return *made.emplace(std::string(name), entry.make()).first->second;
+    }
+  }
+  throw ConfigError("unknown backend \"" + std::string(name) + "\"; this build has " +
+                    known_backends_text() + " and \"auto\"");
+}
+
+const Backend& choose_backend(const Options& options) {
+  std::string name = options.backend;
+  if (const char* env = std::getenv("SGPU_BACKEND"); env != nullptr && *env != '\0') name = env;
+  if (name != "auto") return find_backend(name);
+  std::string reasons;
+  for (const BackendEntry& entry : backend_table()) {
+    if (entry.name == "sim") continue;  // auto never picks simulated GPUs
+    const Backend& candidate = find_backend(entry.name);
+    const Inventory inventory = candidate.inventory(options);
+    if (!inventory.gpus.empty()) return candidate;
+    reasons += "; " + std::string(entry.name) + ": " + inventory.unavailable_reason;
+  }
+  if (reasons.empty()) reasons = "; this build has no real GPU backend (built without CUDA)";
+  throw AcceleratorMismatchError(
+      "backend \"auto\" found no GPU on this node" + reasons +
+      ". To run on simulated GPUs, pass backend=\"sim\" or set SGPU_BACKEND=sim");
+}
+
+}  // namespace sgpu::backend

@@ -1,0 +1,62 @@
+#include "launcher/failure_table.h"
+
+#include <cstdio>
+#include <ctime>
+#include <sstream>
+
+namespace sgpu::launcher {
+
+int mark_root_cause(std::vector<RankFailure>& ranks) {
+  int root = -1;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto kind = ranks[i].kind;
+    const bool own_failure = kind == RankFailure::Kind::kException ||
+                             kind == RankFailure::Kind::kExitCode ||
+                             kind == RankFailure::Kind::kSignal ||
+                             kind == RankFailure::Kind::kBadResult;
+    if (!own_failure) continue;
+    if (root < 0 || ranks[i].time < ranks[static_cast<std::size_t>(root)].time) {
+      root = static_cast<int>(i);
+    }
+  }
+  if (root >= 0) ranks[static_cast<std::size_t>(root)].root_cause = true;
+  return root;
+}
+
+std::string format_time(std::chrono::system_clock::time_point time) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch());
+  const std::time_t seconds = static_cast<std::time_t>(ms.count() / 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[80];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                static_cast<int>(ms.count() % 1000));
+  return text;
+}
+
+std::string format_failure(const std::string& headline, const std::vector<RankFailure>& ranks,
+                           const std::filesystem::path& run_dir) {
+  std::ostringstream out;
+  out << headline << "\n";
+  for (const RankFailure& row : ranks) {
+    if (!row.root_cause) continue;
+    out << "root cause: rank " << row.rank << " (local rank " << row.local_rank << ", pid "
+        << row.pid << ") " << row.describe() << " at " << format_time(row.time) << "\n";
+    if (!row.stderr_tail.empty()) {
+      out << "  last lines of its stderr:\n";
+      std::istringstream lines(row.stderr_tail);
+      for (std::string line; std::getline(lines, line);) out << "    " << line << "\n";
+    }
+  }
+  out << "  rank  pid       status\n";
+  for (const RankFailure& row : ranks) {
+    char head[48];
+    std::snprintf(head, sizeof head, "  %-5d %-9d ", row.rank, static_cast<int>(row.pid));
+    out << head << row.describe() << (row.root_cause ? "  <- root cause" : "") << "\n";
+  }
+  out << "logs: " << run_dir.string();
+  return out.str();
+}
+
+}  // namespace sgpu::launcher

@@ -1,0 +1,542 @@
+// Steps 1-12 of a call (see docs/architecture.md): check, select devices, stage, host the
+// store, start ranks, monitor them, tear down, gather.
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "backend/backend_table.h"
+#include "backend/selection.h"
+#include "launcher/failure_table.h"
+#include "launcher/interrupt.h"
+#include "launcher/log_stream.h"
+#include "launcher/process.h"
+#include "launcher/program.h"
+#include "rendezvous/store.h"
+#include "serialize/error_record.h"
+#include "serialize/record.h"
+#include "serialize/values.h"
+#include "sgpu/call.h"
+#include "sgpu/errors.h"
+
+extern char** environ;
+
+namespace sgpu::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::system_clock;
+
+// How long output may still arrive after every rank has exited and its group was killed.
+constexpr auto kDrainLimit = std::chrono::seconds(1);
+
+void check_options(const Options& options) {
+  if (options.gpus < 1) {
+    throw ConfigError("gpus must be at least 1, got " + std::to_string(options.gpus));
+  }
+  if (options.timeout && options.timeout->count() <= 0) {
+    throw ConfigError("timeout must be positive, got " + std::to_string(options.timeout->count()) +
+                      " ms; use sgpu::kNoTimeout for no deadline");
+  }
+  if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
+  if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
+  if (options.console_ranks) {
+    for (int rank : *options.console_ranks) {
+      if (rank < 0 || rank >= options.gpus) {
+        throw ConfigError("console_ranks names rank " + std::to_string(rank) + " but the call has " +
+                          std::to_string(options.gpus) + " ranks (0 to " +
+                          std::to_string(options.gpus - 1) + ")");
+      }
+    }
+  }
+  if (program_args().empty()) {
+    throw ConfigError(
+        "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
+        "runs this binary again and starts there");
+  }
+  if (started_as_rank()) {
+    throw ConfigError("sgpu::distributed was called inside a rank; nested calls are not supported");
+  }
+}
+
+std::filesystem::path runs_root(const Options& options) {
+  if (!options.runs_dir.empty()) return options.runs_dir;
+  if (const char* env = std::getenv("SGPU_RUNS_DIR"); env != nullptr && *env != '\0') return env;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
+         ("sgpu-" + std::to_string(::getuid())) / "runs";
+}
+
+std::filesystem::path make_run_dir(const Options& options) {
+  static std::atomic<unsigned> counter{0};
+  const std::filesystem::path root = runs_root(options);
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) throw ConfigError("cannot create the runs folder " + root.string() + ": " + ec.message());
+  const std::time_t now = WallClock::to_time_t(WallClock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  const std::filesystem::path dir =
+      root / (std::string(stamp) + "-" + std::to_string(::getpid()) + "-" +
+              std::to_string(counter.fetch_add(1)));
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    throw ConfigError("cannot create the run folder " + dir.string() + ": " + std::strerror(errno));
+  }
+  return dir;
+}
+
+bool is_rank_variable(std::string_view entry) {
+  static constexpr std::string_view kNames[] = {
+      "RANK=",      "LOCAL_RANK=",   "WORLD_SIZE=",  "LOCAL_WORLD_SIZE=", "NODE_RANK=",
+      "GROUP_RANK=", "ROLE_RANK=",   "MASTER_ADDR=", "MASTER_PORT=",      "SGPU_ROLE=",
+      "SGPU_CALL_FILE=", "SGPU_RANK_DIR=", "SGPU_DEVICE_INDEX=", "SGPU_RANK_BACKEND=",
+      "SGPU_PARENT_PID=", "SGPU_LIFELINE_FD="};
+  for (std::string_view name : kNames) {
+    if (entry.substr(0, name.size()) == name) return true;
+  }
+  return false;
+}
+
+struct RankSlot {
+  int rank = 0;
+  int device_index = 0;
+  pid_t pid = 0;
+  UniqueFd exit_fd;
+  std::unique_ptr<LogStream> out;
+  std::unique_ptr<LogStream> err;
+  std::optional<ExitStatus> exit;
+  WallClock::time_point exit_time;
+  bool exited_in_teardown = false;
+  bool timed_out = false;
+  std::filesystem::path dir;
+};
+
+class CallImpl final : public detail::Call {
+ public:
+  CallImpl(Options options, serialize::CallRecord record, std::string backend_name,
+           backend::Selection selection, std::filesystem::path run_dir)
+      : options_(std::move(options)),
+        record_(std::move(record)),
+        backend_name_(std::move(backend_name)),
+        selection_(std::move(selection)),
+        run_dir_(std::move(run_dir)),
+        cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+  ~CallImpl() override {
+    if (thread_.joinable()) {
+      cancel();  // a call nobody waits for any more must not keep running
+      thread_.join();
+    }
+  }
+
+  void start() {
+    store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
+    thread_ = std::thread([this] { monitor(); });
+  }
+
+  const std::vector<std::string>& wait() override {
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [this] { return finished_; });
+    if (error_) std::rethrow_exception(error_);
+    return results_;
+  }
+
+  bool wait_for(std::chrono::milliseconds limit) override {
+    std::unique_lock lock(mutex_);
+    return finished_cv_.wait_for(lock, limit, [this] { return finished_; });
+  }
+
+  void cancel() override {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(cancel_fd_.get(), &one, sizeof one);
+  }
+
+  const std::filesystem::path& run_dir() const override { return run_dir_; }
+  const std::string& gpu_type() const override { return selection_.gpu_type; }
+
+  [[noreturn]] void raise_bad_result(int rank, const std::string& why) override {
+    std::vector<RankFailure> rows = ok_rows();
+    RankFailure& row = rows.at(static_cast<std::size_t>(rank));
+    row.kind = RankFailure::Kind::kBadResult;
+    row.message = "cannot decode its result as the function's return type: " + why;
+    row.root_cause = true;
+    keep_run_dir_on_disk();
+    throw DistributedError(format_failure(headline(1), rows, run_dir_), rows, run_dir_);
+  }
+
+ private:
+  enum class Outcome { kRunning, kSucceeded, kRankFailed, kTimedOut, kCancelled, kStartFailed };
+
+  std::string headline(int failed) const {
+    return "sgpu: " + std::to_string(failed) + " of " + std::to_string(options_.gpus) +
+           " ranks of " + function_label() + " failed";
+  }
+  std::string function_label() const {
+    return record_.function_name.empty() ? "the distributed function" : record_.function_name;
+  }
+
+  std::vector<RankFailure> ok_rows() const {
+    std::vector<RankFailure> rows;
+    for (const RankSlot& slot : slots_) {
+      RankFailure row;
+      row.rank = slot.rank;
+      row.local_rank = slot.rank;
+      row.pid = slot.pid;
+      row.exit_code = slot.exit ? slot.exit->exit_code : std::nullopt;
+      row.time = slot.exit_time;
+      rows.push_back(std::move(row));
+    }
+    return rows;
+  }
+
+  void keep_run_dir_on_disk() { keep_ = true; }
+
+  std::vector<std::string> rank_env(const RankSlot& slot) const {
+    std::vector<std::string> env;
+    bool has_omp = false;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      const std::string_view var(*entry);
+      if (is_rank_variable(var)) continue;
+      if (var.substr(0, 16) == "OMP_NUM_THREADS=") has_omp = true;
+      env.emplace_back(var);
+    }
+    const int world = options_.gpus;
+    auto set = [&env](std::string name, const std::string& value) {
+      env.push_back(std::move(name) + "=" + value);
+    };
+    set("RANK", std::to_string(slot.rank));
+    set("LOCAL_RANK", std::to_string(slot.rank));
+    set("GROUP_RANK", "0");
+    set("ROLE_RANK", std::to_string(slot.rank));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_WORLD_SIZE", std::to_string(world));
+    set("NODE_RANK", "0");
+    set("MASTER_ADDR", store_->host());
+    set("MASTER_PORT", std::to_string(store_->port()));
+    if (!has_omp && world > 1) set("OMP_NUM_THREADS", "1");
+    set(kRoleVar, "rank");
+    set(kCallFileVar, (run_dir_ / "call.bin").string());
+    set(kRankDirVar, slot.dir.string());
+    set(kDeviceVar, std::to_string(slot.device_index));
+    set(kBackendVar, backend_name_);
+    set(kParentVar, std::to_string(::getpid()));
+    set(kLifelineVar, std::to_string(kRankLifelineFd));
+    return env;
+  }
+
+  bool shows_on_console(int rank) const {
+    if (!options_.console_ranks) return true;
+    const auto& ranks = *options_.console_ranks;
+    return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+  }
+
+  void start_ranks() {
+    slots_.resize(static_cast<std::size_t>(options_.gpus));
+    for (int rank = 0; rank < options_.gpus; ++rank) {
+      RankSlot& slot = slots_[static_cast<std::size_t>(rank)];
+      slot.rank = rank;
+      slot.device_index = selection_.device_indices[static_cast<std::size_t>(rank)];
+      slot.dir = run_dir_ / ("rank-" + std::to_string(rank));
+      std::filesystem::create_directory(slot.dir);
+      Pipe out = make_pipe();
+      Pipe err = make_pipe();
+      SpawnRequest request;
+      request.program = "/proc/self/exe";
+      request.argv = program_args();
+      request.env = rank_env(slot);
+      request.stdout_fd = out.write.get();
+      request.stderr_fd = err.write.get();
+      slot.pid = spawn_rank(request);
+      slot.exit_fd = open_exit_fd(slot.pid);
+      const bool console = shows_on_console(rank);
+      slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.dir / "stdout.log",
+                                             console ? STDOUT_FILENO : -1);
+      slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.dir / "stderr.log",
+                                             console ? STDERR_FILENO : -1);
+    }
+  }
+
+  // A rank that exits on its own is a failure unless it exited 0 with its result written.
+  bool exited_ok(const RankSlot& slot) const {
+    return slot.exit->exit_code == 0 && std::filesystem::exists(slot.dir / "result.bin");
+  }
+
+  void begin_teardown(Clock::time_point now) {
+    if (tearing_down_) return;
+    tearing_down_ = true;
+    kill_at_ = now + options_.teardown_grace;
+    for (RankSlot& slot : slots_) {
+      if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGTERM);
+    }
+  }
+
+  void monitor() {
+    InterruptScope interrupts;
+    Outcome outcome = Outcome::kRunning;
+    std::string start_error;
+    std::string cancel_reason;
+    try {
+      start_ranks();
+    } catch (const std::exception& e) {
+      outcome = Outcome::kStartFailed;
+      start_error = e.what();
+      begin_teardown(Clock::now());
+    }
+    const Clock::time_point started = Clock::now();
+    const Clock::time_point deadline =
+        options_.timeout ? started + *options_.timeout : Clock::time_point::max();
+    std::optional<Clock::time_point> drain_until;
+    bool swept = false;
+
+    while (true) {
+      const bool all_exited = std::all_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
+        return s.pid == 0 || s.exit.has_value();
+      });
+      const bool streams_open = std::any_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
+        return (s.out && s.out->open()) || (s.err && s.err->open());
+      });
+      if (all_exited && outcome == Outcome::kRunning) outcome = Outcome::kSucceeded;
+      if (all_exited && !streams_open) break;
+      Clock::time_point now = Clock::now();
+      if (all_exited && !swept) {
+        // Whatever the ranks started may still hold their output open; end it.
+        for (RankSlot& slot : slots_) {
+          if (slot.pid > 0) signal_group(slot.pid, SIGKILL);
+        }
+        swept = true;
+        drain_until = now + kDrainLimit;
+      }
+      if (drain_until && now >= *drain_until) break;
+
+      std::vector<pollfd> fds;
+      fds.push_back({cancel_fd_.get(), POLLIN, 0});
+      fds.push_back({InterruptScope::event_fd(), POLLIN, 0});
+      for (RankSlot& slot : slots_) {
+        if (slot.pid > 0 && !slot.exit) fds.push_back({slot.exit_fd.get(), POLLIN, 0});
+        if (slot.out && slot.out->open()) fds.push_back({slot.out->fd(), POLLIN, 0});
+        if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
+      }
+      Clock::time_point wake = Clock::time_point::max();
+      if (!tearing_down_) wake = deadline;
+      if (tearing_down_ && !killed_) wake = kill_at_;
+      if (drain_until) wake = std::min(wake, *drain_until);
+      int timeout_ms = -1;
+      if (wake != Clock::time_point::max()) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
+      }
+      ::poll(fds.data(), fds.size(), timeout_ms);
+      now = Clock::now();
+
+      for (RankSlot& slot : slots_) {
+        if (slot.out) slot.out->pump();
+        if (slot.err) slot.err->pump();
+      }
+      for (RankSlot& slot : slots_) {
+        if (slot.pid == 0 || slot.exit) continue;
+        slot.exit = peek_exit(slot.pid);
+        if (!slot.exit) continue;
+        slot.exit_time = WallClock::now();
+        slot.exited_in_teardown = tearing_down_;
+        if (!tearing_down_ && !exited_ok(slot)) {
+          outcome = Outcome::kRankFailed;
+          begin_teardown(now);
+        }
+      }
+      if (!tearing_down_ && (fds[0].revents & POLLIN)) {
+        outcome = Outcome::kCancelled;
+        cancel_reason = "cancelled";
+        begin_teardown(now);
+      }
+      if (!tearing_down_ && (fds[1].revents & POLLIN) && InterruptScope::pending_signal() != 0) {
+        outcome = Outcome::kCancelled;
+        cancel_reason = "interrupted by " + signal_name(InterruptScope::pending_signal());
+        begin_teardown(now);
+      }
+      if (!tearing_down_ && now >= deadline) {
+        outcome = Outcome::kTimedOut;
+        for (RankSlot& slot : slots_) slot.timed_out = !slot.exit.has_value();
+        begin_teardown(now);
+      }
+      if (tearing_down_ && !killed_ && now >= kill_at_) {
+        for (RankSlot& slot : slots_) {
+          if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGKILL);
+        }
+        killed_ = true;
+      }
+    }
+    // Final sweep: every group (grandchildren included) is gone before the zombies are
+    // reaped, so no process group id can have been reused.
+    for (RankSlot& slot : slots_) {
+      if (slot.pid == 0) continue;
+      signal_group(slot.pid, SIGKILL);
+      reap(slot.pid);
+      slot.exit_fd.reset();
+      if (slot.out) slot.out->close();
+      if (slot.err) slot.err->close();
+    }
+    finish(outcome, start_error, cancel_reason);
+    store_.reset();
+  }
+
+  RankFailure row_for(const RankSlot& slot) const {
+    RankFailure row;
+    row.rank = slot.rank;
+    row.local_rank = slot.rank;
+    row.pid = slot.pid;
+    row.time = slot.exit_time;
+    row.stderr_tail = slot.err ? slot.err->tail() : "";
+    if (slot.exit) {
+      row.exit_code = slot.exit->exit_code;
+      row.signal = slot.exit->signal;
+    }
+    if (slot.timed_out) {
+      row.kind = RankFailure::Kind::kTimedOut;
+    } else if (!slot.exit || slot.exited_in_teardown) {
+      row.kind = RankFailure::Kind::kTerminated;
+    } else if (exited_ok(slot)) {
+      row.kind = RankFailure::Kind::kOk;
+    } else if (slot.exit->signal) {
+      row.kind = RankFailure::Kind::kSignal;
+    } else if (auto record = serialize::read_error_record(slot.dir / "error.json");
+               record && slot.exit->exit_code != 0) {
+      row.kind = RankFailure::Kind::kException;
+      row.exception_type = record->type;
+      row.message = record->message;
+      if (record->time.time_since_epoch().count() != 0) row.time = record->time;
+    } else if (slot.exit->exit_code != 0) {
+      row.kind = RankFailure::Kind::kExitCode;
+    } else {
+      row.kind = RankFailure::Kind::kBadResult;
+      row.message = "exited with code 0 without writing a result (did it call exit()?)";
+    }
+    return row;
+  }
+
+  void finish(Outcome outcome, const std::string& start_error, const std::string& cancel_reason) {
+    std::vector<std::string> results;
+    std::exception_ptr error;
+    std::vector<RankFailure> rows;
+    for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
+
+    if (outcome == Outcome::kSucceeded) {
+      for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
+        try {
+          results.push_back(serialize::read_record_file(slots_[i].dir / "result.bin",
+                                                        serialize::RecordKind::kResult,
+                                                        options_.max_payload_bytes));
+        } catch (const serialize::RecordError& e) {
+          rows[i].kind = RankFailure::Kind::kBadResult;
+          rows[i].message = e.what();
+          rows[i].root_cause = true;
+          error = std::make_exception_ptr(
+              DistributedError(format_failure(headline(1), rows, run_dir_), rows, run_dir_));
+        }
+      }
+    } else {
+      mark_root_cause(rows);
+      const int failed = static_cast<int>(std::count_if(rows.begin(), rows.end(), [](auto& r) {
+        return r.kind != RankFailure::Kind::kOk && r.kind != RankFailure::Kind::kTerminated &&
+               r.kind != RankFailure::Kind::kTimedOut;
+      }));
+      if (outcome == Outcome::kTimedOut) {
+        std::string running;
+        for (const RankFailure& row : rows) {
+          if (row.kind != RankFailure::Kind::kTimedOut) continue;
+          running += (running.empty() ? "" : ", ") + std::to_string(row.rank);
+        }
+        const std::string headline =
+            "sgpu: " + function_label() + " timed out after " +
+            std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
+            ". Raise Options::timeout, or pass sgpu::kNoTimeout";
+        error = std::make_exception_ptr(
+            TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_));
+      } else if (outcome == Outcome::kCancelled) {
+        error = std::make_exception_ptr(CancelledError(
+            format_failure("sgpu: " + function_label() + " " + cancel_reason, rows, run_dir_), rows,
+            run_dir_));
+      } else if (outcome == Outcome::kStartFailed) {
+        error = std::make_exception_ptr(DistributedError(
+            format_failure("sgpu: cannot start the ranks of " + function_label() + ": " + start_error,
+                           rows, run_dir_),
+            rows, run_dir_));
+      } else {
+        error = std::make_exception_ptr(DistributedError(
+            format_failure(headline(std::max(failed, 1)), rows, run_dir_), rows, run_dir_));
+      }
+    }
+    if (!error && !options_.keep_run_dir && !keep_) {
+      std::error_code ec;
+      std::filesystem::remove_all(run_dir_, ec);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      results_ = std::move(results);
+      error_ = error;
+      finished_ = true;
+    }
+    finished_cv_.notify_all();
+  }
+
+  const Options options_;
+  const serialize::CallRecord record_;
+  const std::string backend_name_;
+  const backend::Selection selection_;
+  const std::filesystem::path run_dir_;
+  UniqueFd cancel_fd_;
+  std::unique_ptr<rendezvous::HostStore> store_;
+  std::vector<RankSlot> slots_;
+  bool tearing_down_ = false;
+  bool killed_ = false;
+  std::atomic<bool> keep_{false};
+  Clock::time_point kill_at_;
+  std::thread thread_;
+
+  std::mutex mutex_;
+  std::condition_variable finished_cv_;
+  bool finished_ = false;
+  std::vector<std::string> results_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+}  // namespace sgpu::launcher
+
+namespace sgpu::detail {
+
+std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record) {
+  launcher::check_options(options);
+  const backend::Backend& chosen = backend::choose_backend(options);
+  const backend::Inventory inventory = chosen.inventory(options);
+  backend::Selection selection =
+      backend::select_devices(inventory, options.gpus, options.gpu_type, chosen.name());
+  if (record.args.size() > options.max_payload_bytes) {
+    throw ConfigError("the arguments take " + std::to_string(record.args.size()) +
+                      " bytes serialized, over max_payload_bytes (" +
+                      std::to_string(options.max_payload_bytes) +
+                      "); raise the limit, or load large data inside the function");
+  }
+  record.max_payload_bytes = options.max_payload_bytes;
+  const std::filesystem::path run_dir = launcher::make_run_dir(options);
+  serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
+                               serialize::to_bytes(record));
+  auto call = std::make_shared<launcher::CallImpl>(options, std::move(record),
+                                                   std::string(chosen.name()),
+                                                   std::move(selection), run_dir);
+  call->start();
+  return call;
+}
+
+}  // namespace sgpu::detail

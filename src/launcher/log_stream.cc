@@ -1,0 +1,92 @@
+#include "launcher/log_stream.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+
+namespace sgpu::launcher {
+namespace {
+
+std::mutex& console_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed console must not stop the call
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& file,
+                     int console_fd)
+    : source_(std::move(source)),
+      file_(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600)),
+      console_fd_(console_fd),
+      prefix_("[rank " + std::to_string(rank) + "] ") {
+  ::fcntl(source_.get(), F_SETFL, ::fcntl(source_.get(), F_GETFL) | O_NONBLOCK);
+}
+
+void LogStream::pump() {
+  char buffer[16384];
+  while (source_) {
+    const ssize_t n = ::read(source_.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;  // EAGAIN: nothing more for now
+    if (n == 0) {
+      close();
+      return;
+    }
+    const std::string_view data(buffer, static_cast<std::size_t>(n));
+    if (file_) write_all(file_.get(), data);
+    pending_.append(data);
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      emit(std::string_view(pending_).substr(start, nl - start));
+    }
+    pending_.erase(0, start);
+    while (pending_.size() >= kMaxLine) {
+      emit(std::string_view(pending_).substr(0, kMaxLine));
+      pending_.erase(0, kMaxLine);
+    }
+  }
+}
+
+void LogStream::close() {
+  if (!source_) return;
+  source_.reset();
+  if (!pending_.empty()) {
+    emit(pending_);
+    pending_.clear();
+  }
+  file_.reset();
+}
+
+void LogStream::emit(std::string_view line) {
+  tail_.emplace_back(line);
+  if (tail_.size() > kTailLines) tail_.pop_front();
+  if (console_fd_ < 0) return;
+  std::string out;
+  out.reserve(prefix_.size() + line.size() + 1);
+  out.append(prefix_).append(line).push_back('\n');
+  std::lock_guard lock(console_mutex());
+  write_all(console_fd_, out);
+}
+
+std::string LogStream::tail() const {
+  std::string text;
+  for (const std::string& line : tail_) {
+    if (!text.empty()) text += '\n';
+    text += line;
+  }
+  return text;
+}
+
+}  // namespace sgpu::launcher

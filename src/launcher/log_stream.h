@@ -1,0 +1,46 @@
+// One output stream of one rank: saved to its log file and streamed to the caller's
+// console line by line with a "[rank N] " prefix.
+//
+// A console line is written with a single write() under a process-wide lock, so no line
+// is ever split or mixed with another rank's, across calls too. A line longer than
+// kMaxLine is passed on in pieces of that size.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <filesystem>
+#include <string>
+
+#include "launcher/process.h"
+
+namespace sgpu::launcher {
+
+class LogStream {
+ public:
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+  static constexpr std::size_t kTailLines = 20;
+
+  // console_fd < 0: the file only.
+  LogStream(UniqueFd source, int rank, const std::filesystem::path& file, int console_fd);
+
+  int fd() const { return source_.get(); }
+  bool open() const { return static_cast<bool>(source_); }
+  // Reads what is available; at end-of-file flushes the last partial line and closes.
+  void pump();
+  // Flushes and closes now (the writer may still hold the pipe).
+  void close();
+  // The last lines seen, oldest first, joined by '\n'.
+  std::string tail() const;
+
+ private:
+  void emit(std::string_view line);
+
+  UniqueFd source_;
+  UniqueFd file_;
+  int console_fd_;
+  std::string prefix_;
+  std::string pending_;
+  std::deque<std::string> tail_;
+};
+
+}  // namespace sgpu::launcher

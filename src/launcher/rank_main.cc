@@ -1,0 +1,136 @@
+#include "launcher/rank_main.h"
+
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "backend/backend_table.h"
+#include "launcher/program.h"
+#include "serialize/error_record.h"
+#include "serialize/record.h"
+#include "serialize/values.h"
+#include "sgpu/distributed.h"
+
+namespace sgpu::launcher {
+namespace {
+
+// The parent-death signal: its handler kills the rank's whole group, so that what the
+// rank started dies with it (a plain SIGKILL would orphan grandchildren).
+const int kParentDeathSignal = SIGRTMAX - 1;
+
+void kill_own_group(int) { ::kill(0, SIGKILL); }
+
+void watch_lifeline(int fd) {
+  // Returns only when the write end, held by the caller alone, is closed.
+  pollfd p{fd, POLLIN, 0};
+  while (true) {
+    const int rc = ::poll(&p, 1, -1);
+    if (rc < 0 && errno == EINTR) continue;
+    char byte;
+    if (rc > 0 && ::read(fd, &byte, 1) > 0) continue;
+    kill_own_group(0);
+  }
+}
+
+void on_crash(int signal) {
+  // Async-signal-safe: backtrace_symbols_fd writes without allocating.
+  const char* name = ::sigabbrev_np(signal);
+  char head[96];
+  const int n = std::snprintf(head, sizeof head, "sgpu: rank crashed with SIG%s; backtrace:\n",
+                              name != nullptr ? name : "?");
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, head, static_cast<std::size_t>(n));
+  void* frames[64];
+  const int depth = ::backtrace(frames, 64);
+  ::backtrace_symbols_fd(frames, depth, STDERR_FILENO);
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+void install_guards() {
+  const char* parent = std::getenv(kParentVar);
+  struct sigaction death {};
+  death.sa_handler = kill_own_group;
+  ::sigaction(kParentDeathSignal, &death, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, kParentDeathSignal);
+  if (parent != nullptr && std::to_string(::getppid()) != parent) kill_own_group(0);
+
+  if (const char* fd = std::getenv(kLifelineVar)) {
+    std::thread(watch_lifeline, std::atoi(fd)).detach();
+  }
+  for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
+    struct sigaction crash {};
+    crash.sa_handler = on_crash;
+    crash.sa_flags = SA_RESETHAND | SA_NODEFER;
+    ::sigaction(signal, &crash, nullptr);
+  }
+  // Hold the first backtrace() call's library load out of the signal handler.
+  void* warm[1];
+  ::backtrace(warm, 1);
+}
+
+std::string current_exception_type() {
+  std::type_info* type = abi::__cxa_current_exception_type();
+  if (type == nullptr) return "unknown";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(type->name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && demangled ? demangled.get() : type->name();
+}
+
+[[noreturn]] void fail(const std::filesystem::path& rank_dir, int rank, std::string type,
+                       std::string message) {
+  serialize::ErrorRecord record;
+  record.type = std::move(type);
+  record.message = std::move(message);
+  record.rank = rank;
+  record.time = std::chrono::system_clock::now();
+  try {
+    serialize::write_error_record(rank_dir / "error.json", record);
+  } catch (...) {
+  }
+  std::cerr << "sgpu: rank " << rank << " failed: " << record.type << ": " << record.message
+            << std::endl;
+  std::exit(1);
+}
+
+}  // namespace
+
+void run_rank() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  install_guards();
+  const std::filesystem::path rank_dir = std::getenv(kRankDirVar);
+  const int rank = std::atoi(std::getenv("RANK"));
+  try {
+    const auto record = serialize::from_bytes<serialize::CallRecord>(serialize::read_record_file(
+        std::getenv(kCallFileVar), serialize::RecordKind::kCall, std::size_t{1} << 40));
+    auto entry = reinterpret_cast<detail::EntryFn>(resolve_code(record.entry));
+    void* function = resolve_code(record.function);
+    const backend::Backend& backend = backend::find_backend(std::getenv(kBackendVar));
+    backend.bind(std::atoi(std::getenv(kDeviceVar)));
+    const std::string result = entry(function, record.signature, record.args);
+    if (result.size() > record.max_payload_bytes) {
+      throw serialize::RecordTooLarge(result.size(), record.max_payload_bytes);
+    }
+    serialize::write_record_file(rank_dir / "result.bin", serialize::RecordKind::kResult, result);
+  } catch (const serialize::RecordTooLarge& e) {
+    fail(rank_dir, rank, "sgpu::ResultTooLarge", std::string("result ") + e.what());
+  } catch (const std::exception& e) {
+    fail(rank_dir, rank, current_exception_type(), e.what());
+  } catch (...) {
+    fail(rank_dir, rank, current_exception_type(), "(not derived from std::exception)");
+  }
+  std::cout.flush();
+  std::exit(0);
+}
+
+}  // namespace sgpu::launcher

@@ -1,0 +1,46 @@
+// The seam between the typed public API (sgpu/distributed.h) and the launcher.
+//
+// The templates turn a function and its arguments into a serialize::CallRecord; the
+// launcher (src/launcher/) runs it on every rank and hands back each rank's result bytes.
+// Nothing here is for users to call directly.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "serialize/call_record.h"
+#include "sgpu/options.h"
+
+namespace sgpu::detail {
+
+// One call in flight. Thread-safe.
+class Call {
+ public:
+  virtual ~Call() = default;
+  // Blocks until every rank finished; returns each rank's result bytes in rank order, or
+  // throws DistributedError (TimeoutError, CancelledError). Later calls return or throw
+  // the same again.
+  virtual const std::vector<std::string>& wait() = 0;
+  // True when the call finished within `limit` (wait() then returns at once).
+  virtual bool wait_for(std::chrono::milliseconds limit) = 0;
+  // Tears the ranks down; wait() then throws CancelledError. No-op once finished.
+  virtual void cancel() = 0;
+  virtual const std::filesystem::path& run_dir() const = 0;
+  virtual const std::string& gpu_type() const = 0;  // requested or detected
+  // Raises the DistributedError for a result that did not decode on the caller's side.
+  [[noreturn]] virtual void raise_bad_result(int rank, const std::string& why) = 0;
+};
+
+// Checks the options and the node, stages the call and starts its ranks. Throws
+// ConfigError or AcceleratorMismatchError before anything is started.
+std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record);
+
+// Where a piece of code lives, in a form another process of the same binary can resolve.
+serialize::CodeAddress locate_code(const void* address);
+// A readable name for the function at `address` ("" when the binary keeps none).
+std::string code_name(const void* address);
+
+}  // namespace sgpu::detail

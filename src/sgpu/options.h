@@ -1,0 +1,43 @@
+// sgpu::Options: what one distributed call asks for.
+//
+// Every field has a default that a user can rely on; Options are checked before anything
+// starts, and a bad value is a ConfigError that names the field. Environment variables
+// override the fields they name (SGPU_BACKEND, SGPU_SIM, SGPU_RUNS_DIR, SGPU_START_METHOD).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sgpu {
+
+// A deadline for the whole call. std::nullopt means no deadline.
+using Timeout = std::optional<std::chrono::milliseconds>;
+inline constexpr Timeout kNoTimeout = std::nullopt;
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
+
+// How rank processes are started. kForkServer forks each rank from a warm copy of the
+// caller's binary (started once per caller); kExec re-executes the binary for every rank.
+enum class StartMethod { kAuto, kForkServer, kExec };
+
+struct Options {
+  int gpus = 1;                      // ranks to start, one per GPU
+  std::string gpu_type;              // e.g. "H100" (case-insensitive); empty: detected
+  Timeout timeout = kDefaultTimeout;  // kNoTimeout for none
+  std::string backend = "auto";      // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
+  std::string sim_node;              // node the sim backend pretends, e.g. "8xH100";
+                                     // empty: SGPU_SIM, else "8xH100"
+  std::filesystem::path runs_dir;    // where run folders go; empty: SGPU_RUNS_DIR, else
+                                     // $TMPDIR/sgpu-<uid>/runs
+  bool keep_run_dir = false;         // keep the run folder after success too
+  std::optional<std::vector<int>> console_ranks;  // ranks streamed to the console; unset: all
+  std::size_t max_payload_bytes = std::size_t{256} << 20;  // limit on arguments and each result
+  std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
+  StartMethod start_method = StartMethod::kAuto;  // SGPU_START_METHOD=fork-server|exec overrides
+  std::string name;                  // shown in logs and errors; empty: the function's name
+};
+
+}  // namespace sgpu

@@ -1,0 +1,39 @@
+#include "sgpu/runtime.h"
+
+#include <cstdlib>
+
+#include "backend/backend_table.h"
+#include "launcher/program.h"
+#include "launcher/rank_main.h"
+
+namespace sgpu {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
+}
+
+}  // namespace
+
+void init(int argc, char** argv) {
+  launcher::set_program_args(argc, argv);
+  if (launcher::started_as_rank()) launcher::run_rank();
+}
+
+bool is_rank() { return launcher::started_as_rank(); }
+
+int global_rank() { return is_rank() ? env_int("RANK", 0) : 0; }
+int local_rank() { return is_rank() ? env_int("LOCAL_RANK", 0) : 0; }
+int world_size() { return is_rank() ? env_int("WORLD_SIZE", 1) : 1; }
+int local_world_size() { return is_rank() ? env_int("LOCAL_WORLD_SIZE", 1) : 1; }
+int node_rank() { return is_rank() ? env_int("NODE_RANK", 0) : 0; }
+
+std::string device() {
+  if (!is_rank()) return "cpu";
+  const char* backend = std::getenv(launcher::kBackendVar);
+  return backend::find_backend(backend != nullptr ? backend : "sim")
+      .device(env_int(launcher::kDeviceVar, 0));
+}
+
+}  // namespace sgpu
