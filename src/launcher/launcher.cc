@@ -276,6 +276,7 @@ class CallImpl final : public detail::Call {
   void begin_teardown(Clock::time_point now) {
     if (tearing_down_) return;
     tearing_down_ = true;
+    teardown_began_ = WallClock::now();
     kill_at_ = now + options_.teardown_grace;
     for (RankSlot& slot : slots_) {
       if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGTERM);
@@ -402,16 +403,21 @@ class CallImpl final : public detail::Call {
       row.exit_code = slot.exit->exit_code;
       row.signal = slot.exit->signal;
     }
+    const auto record = serialize::read_error_record(slot.dir / "error.json");
+    // A rank whose own failure was recorded before teardown began failed in its own right,
+    // even when its exit was seen only after.
+    const bool failed_before_teardown =
+        record && slot.exit && slot.exit->exit_code.value_or(0) != 0 &&
+        (!tearing_down_ || record->time < teardown_began_);
     if (slot.timed_out) {
       row.kind = RankFailure::Kind::kTimedOut;
-    } else if (!slot.exit || slot.exited_in_teardown) {
+    } else if (!failed_before_teardown && (!slot.exit || slot.exited_in_teardown)) {
       row.kind = RankFailure::Kind::kTerminated;
     } else if (exited_ok(slot)) {
       row.kind = RankFailure::Kind::kOk;
     } else if (slot.exit->signal) {
       row.kind = RankFailure::Kind::kSignal;
-    } else if (auto record = serialize::read_error_record(slot.dir / "error.json");
-               record && slot.exit->exit_code != 0) {
+    } else if (record && slot.exit->exit_code != 0) {
       row.kind = RankFailure::Kind::kException;
       row.exception_type = record->type;
       row.message = record->message;
@@ -500,6 +506,7 @@ class CallImpl final : public detail::Call {
   std::vector<RankSlot> slots_;
   bool tearing_down_ = false;
   bool killed_ = false;
+  WallClock::time_point teardown_began_;
   std::atomic<bool> keep_{false};
   Clock::time_point kill_at_;
   std::thread thread_;

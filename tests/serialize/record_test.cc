@@ -1,0 +1,66 @@
+#include "serialize/record.h"
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace sgpu::serialize {
+namespace {
+
+RC_GTEST_PROP(Record, RoundTripsAnyPayload, (const std::string& payload)) {
+  RC_ASSERT(decode_record(encode_record(RecordKind::kResult, payload), RecordKind::kResult,
+                          payload.size()) == payload);
+}
+
+RC_GTEST_PROP(Record, AnyTruncationIsDetected, (const std::string& payload)) {
+  const std::string bytes = encode_record(RecordKind::kResult, payload);
+  const auto cut = *rc::gen::inRange<std::size_t>(0, bytes.size());
+  RC_ASSERT_THROWS_AS(decode_record(bytes.substr(0, cut), RecordKind::kResult, 1 << 20),
+                      RecordError);
+}
+
+RC_GTEST_PROP(Record, AnySingleByteCorruptionIsDetected, (const std::string& payload)) {
+  std::string bytes = encode_record(RecordKind::kResult, payload);
+  const auto at = *rc::gen::inRange<std::size_t>(0, bytes.size());
+  const auto flip = *rc::gen::inRange<int>(1, 256);
+  // The reserved header word is not checked; every other byte is.
+  RC_PRE(at < 28 || at >= kRecordHeaderSize);
+  bytes[at] = static_cast<char>(bytes[at] ^ flip);
+  RC_ASSERT_THROWS_AS(decode_record(bytes, RecordKind::kResult, 1 << 20), RecordError);
+}
+
+TEST(Record, RejectsOtherKinds) {
+  const std::string bytes = encode_record(RecordKind::kCall, "x");
+  EXPECT_THROW(decode_record(bytes, RecordKind::kResult, 10), RecordError);
+}
+
+TEST(Record, TooLargeNamesSizeAndLimit) {
+  const std::string bytes = encode_record(RecordKind::kResult, std::string(3000, 'a'));
+  try {
+    decode_record(bytes, RecordKind::kResult, 1000);
+    FAIL() << "no error";
+  } catch (const RecordTooLarge& e) {
+    EXPECT_EQ(e.size(), 3000u);
+    EXPECT_EQ(e.limit(), 1000u);
+    EXPECT_NE(std::string(e.what()).find("3000 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_payload_bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Record, FilesAreWrittenWholeAndCheckedOnRead) {
+  const auto dir = std::filesystem::temp_directory_path() / ("record_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "result.bin";
+  write_record_file(path, RecordKind::kResult, "payload");
+  EXPECT_FALSE(std::filesystem::exists(dir / "result.bin.tmp"));
+  EXPECT_EQ(read_record_file(path, RecordKind::kResult, 100), "payload");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 2);
+  EXPECT_THROW(read_record_file(path, RecordKind::kResult, 100), RecordError);
+  EXPECT_THROW(read_record_file(dir / "missing.bin", RecordKind::kResult, 100), RecordError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sgpu::serialize

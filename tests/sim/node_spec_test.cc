@@ -1,0 +1,39 @@
+#include "sim/node_spec.h"
+
+#include <gtest/gtest.h>
+
+#include "sgpu/errors.h"
+
+namespace sgpu::sim {
+namespace {
+
+TEST(NodeSpec, Parses) {
+  const auto inv = parse_node_spec("8xH100");
+  ASSERT_EQ(inv.gpus.size(), 8u);
+  EXPECT_EQ(inv.gpus[7].index, 7);
+  EXPECT_EQ(inv.gpus[0].type, "H100");
+  EXPECT_EQ(inv.summary(), "8 x H100");
+}
+
+TEST(NodeSpec, MixedAndMemory) {
+  const auto inv = parse_node_spec("4xh100+4xA10:12GiB");
+  ASSERT_EQ(inv.gpus.size(), 8u);
+  EXPECT_EQ(inv.gpus[4].type, "A10");
+  EXPECT_EQ(inv.gpus[4].memory_bytes, 12ull << 30);
+  EXPECT_EQ(inv.gpus[0].memory_bytes, 80ull << 30);
+  EXPECT_EQ(inv.summary(), "4 x H100 + 4 x A10");
+}
+
+TEST(NodeSpec, BadSpecsSayWhatIsWrong) {
+  for (const char* bad : {"", "H100", "0xH100", "8xH1000", "8xH100+", "8xH100:12XB", "x8"}) {
+    try {
+      parse_node_spec(bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("COUNTxTYPE"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sgpu::sim

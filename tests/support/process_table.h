@@ -1,0 +1,89 @@
+// Looks at the process table, not at flags: which processes carry a marker in their
+// environment, which children this process has, how many descriptors it holds.
+#pragma once
+
+#include <dirent.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sgpu::testing {
+
+inline std::vector<pid_t> all_pids() {
+  std::vector<pid_t> pids;
+  if (DIR* dir = ::opendir("/proc")) {
+    while (dirent* entry = ::readdir(dir)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(entry->d_name));
+      if (pid > 0) pids.push_back(pid);
+    }
+    ::closedir(dir);
+  }
+  return pids;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Processes (zombies included) whose environment holds `marker` ("NAME=value").
+inline std::vector<pid_t> processes_with(const std::string& marker) {
+  std::vector<pid_t> found;
+  const std::string needle = marker + '\0';
+  for (pid_t pid : all_pids()) {
+    if (pid == ::getpid()) continue;
+    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    if (env.find(needle) != std::string::npos) found.push_back(pid);
+  }
+  return found;
+}
+
+// Children of this process, zombies included.
+inline std::vector<pid_t> children() {
+  std::vector<pid_t> found;
+  for (pid_t pid : all_pids()) {
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    // After "pid (comm) ": state, then ppid.
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == ::getpid()) {
+      found.push_back(pid);
+    }
+  }
+  return found;
+}
+
+inline int open_fd_count() {
+  int count = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    ::closedir(dir);
+  }
+  return count - 1;  // the directory stream itself
+}
+
+// Polls `done` until it holds or `limit` passes; returns whether it held.
+template <class Predicate>
+bool eventually(Predicate done, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+}  // namespace sgpu::testing
