@@ -124,7 +124,8 @@ void BM_Torchrun(benchmark::State& state) {
     return path.string();
   }();
   const char* venv = std::getenv("SGPU_VENV");
-  const std::string torchrun = std::string(venv != nullptr ? venv : "/opt/sgpu/venv") + "/bin/torchrun";
+  const std::string torchrun =
+      std::string(venv != nullptr ? venv : "/opt/sgpu/venv") + "/bin/torchrun";
   if (!std::filesystem::exists(torchrun)) {
     state.SkipWithError(("torchrun not found at " + torchrun).c_str());
     return;

@@ -1,6 +1,7 @@
+#include "backend/backend.h"
+
 #include <cstdlib>
 
-#include "backend/backend.h"
 #include "backend/gpu_type.h"
 #include "backend/selection.h"
 #include "sgpu/errors.h"
@@ -27,26 +28,26 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
   const std::string node = inventory.summary();
   Selection selection;
   if (inventory.gpus.empty()) {
-    throw AcceleratorMismatchError(
-        std::to_string(gpus) + " GPU(s) requested but backend \"" + std::string(backend_name) +
-        "\" offers none (" + inventory.unavailable_reason +
-        "). Run on a GPU node, or pass backend=\"sim\" to simulate one");
+    throw AcceleratorMismatchError(std::to_string(gpus) + " GPU(s) requested but backend \"" +
+                                   std::string(backend_name) + "\" offers none (" +
+                                   inventory.unavailable_reason +
+                                   "). Run on a GPU node, or pass backend=\"sim\" to simulate one");
   }
   if (!gpu_type.empty()) {
     const auto type = parse_gpu_type(gpu_type);
     if (!type) {
-      throw AcceleratorMismatchError("unknown gpu_type \"" + gpu_type + "\"; known types: " +
-                                     known_gpu_types_text() + ". This node has " + node +
-                                     "; pass one of those, or leave gpu_type unset to detect it");
+      throw AcceleratorMismatchError(
+          "unknown gpu_type \"" + gpu_type + "\"; known types: " + known_gpu_types_text() +
+          ". This node has " + node + "; pass one of those, or leave gpu_type unset to detect it");
     }
     for (const Gpu& gpu : inventory.gpus) {
       if (gpu.type == *type) selection.device_indices.push_back(gpu.index);
     }
     if (selection.device_indices.empty()) {
-      throw AcceleratorMismatchError(
-          "gpu_type \"" + *type + "\" requested but this node has " + node + "; pass gpu_type=\"" +
-          inventory.gpus.front().type + "\" or leave it unset to auto-detect, or run on a node with " +
-          *type + " GPUs");
+      throw AcceleratorMismatchError("gpu_type \"" + *type + "\" requested but this node has " +
+                                     node + "; pass gpu_type=\"" + inventory.gpus.front().type +
+                                     "\" or leave it unset to auto-detect, or run on a node with " +
+                                     *type + " GPUs");
     }
     if (static_cast<int>(selection.device_indices.size()) < gpus) {
       throw AcceleratorMismatchError(
@@ -58,8 +59,8 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
   } else {
     if (static_cast<int>(inventory.gpus.size()) < gpus) {
       throw AcceleratorMismatchError(std::to_string(gpus) + " GPUs requested but this node has " +
-                                     node + "; pass gpus=" +
-                                     std::to_string(inventory.gpus.size()) + " or fewer");
+                                     node + "; pass gpus=" + std::to_string(inventory.gpus.size()) +
+                                     " or fewer");
     }
     const std::string& first = inventory.gpus.front().type;
     for (const Gpu& gpu : inventory.gpus) {

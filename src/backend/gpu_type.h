@@ -13,9 +13,9 @@
 namespace sgpu::backend {
 
 struct GpuModel {
-  std::string_view type;          // normalised name, e.g. "H100"
-  std::string_view device_name;   // what the driver reports for the common variant
-  std::uint64_t memory_bytes;     // memory of the common variant
+  std::string_view type;         // normalised name, e.g. "H100"
+  std::string_view device_name;  // what the driver reports for the common variant
+  std::uint64_t memory_bytes;    // memory of the common variant
 };
 
 // Every type sgpu knows, in table order.

@@ -10,10 +10,9 @@ int mark_root_cause(std::vector<RankFailure>& ranks) {
   int root = -1;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto kind = ranks[i].kind;
-    const bool own_failure = kind == RankFailure::Kind::kException ||
-                             kind == RankFailure::Kind::kExitCode ||
-                             kind == RankFailure::Kind::kSignal ||
-                             kind == RankFailure::Kind::kBadResult;
+    const bool own_failure =
+        kind == RankFailure::Kind::kException || kind == RankFailure::Kind::kExitCode ||
+        kind == RankFailure::Kind::kSignal || kind == RankFailure::Kind::kBadResult;
     if (!own_failure) continue;
     if (root < 0 || ranks[i].time < ranks[static_cast<std::size_t>(root)].time) {
       root = static_cast<int>(i);

@@ -53,8 +53,8 @@ void check_options(const Options& options) {
   if (options.console_ranks) {
     for (int rank : *options.console_ranks) {
       if (rank < 0 || rank >= options.gpus) {
-        throw ConfigError("console_ranks names rank " + std::to_string(rank) + " but the call has " +
-                          std::to_string(options.gpus) + " ranks (0 to " +
+        throw ConfigError("console_ranks names rank " + std::to_string(rank) +
+                          " but the call has " + std::to_string(options.gpus) + " ranks (0 to " +
                           std::to_string(options.gpus - 1) + ")");
       }
     }
@@ -88,9 +88,8 @@ std::filesystem::path make_run_dir(const Options& options) {
   gmtime_r(&now, &utc);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-  const std::filesystem::path dir =
-      root / (std::string(stamp) + "-" + std::to_string(::getpid()) + "-" +
-              std::to_string(counter.fetch_add(1)));
+  const std::filesystem::path dir = root / (std::string(stamp) + "-" + std::to_string(::getpid()) +
+                                            "-" + std::to_string(counter.fetch_add(1)));
   if (::mkdir(dir.c_str(), 0700) != 0) {
     throw ConfigError("cannot create the run folder " + dir.string() + ": " + std::strerror(errno));
   }
@@ -98,11 +97,22 @@ std::filesystem::path make_run_dir(const Options& options) {
 }
 
 bool is_rank_variable(std::string_view entry) {
-  static constexpr std::string_view kNames[] = {
-      "RANK=",      "LOCAL_RANK=",   "WORLD_SIZE=",  "LOCAL_WORLD_SIZE=", "NODE_RANK=",
-      "GROUP_RANK=", "ROLE_RANK=",   "MASTER_ADDR=", "MASTER_PORT=",      "SGPU_ROLE=",
-      "SGPU_CALL_FILE=", "SGPU_RANK_DIR=", "SGPU_DEVICE_INDEX=", "SGPU_RANK_BACKEND=",
-      "SGPU_PARENT_PID=", "SGPU_LIFELINE_FD="};
+  static constexpr std::string_view kNames[] = {"RANK=",
+                                                "LOCAL_RANK=",
+                                                "WORLD_SIZE=",
+                                                "LOCAL_WORLD_SIZE=",
+                                                "NODE_RANK=",
+                                                "GROUP_RANK=",
+                                                "ROLE_RANK=",
+                                                "MASTER_ADDR=",
+                                                "MASTER_PORT=",
+                                                "SGPU_ROLE=",
+                                                "SGPU_CALL_FILE=",
+                                                "SGPU_RANK_DIR=",
+                                                "SGPU_DEVICE_INDEX=",
+                                                "SGPU_RANK_BACKEND=",
+                                                "SGPU_PARENT_PID=",
+                                                "SGPU_LIFELINE_FD="};
   for (std::string_view name : kNames) {
     if (entry.substr(0, name.size()) == name) return true;
   }
@@ -406,9 +416,9 @@ class CallImpl final : public detail::Call {
     const auto record = serialize::read_error_record(slot.dir / "error.json");
     // A rank whose own failure was recorded before teardown began failed in its own right,
     // even when its exit was seen only after.
-    const bool failed_before_teardown =
-        record && slot.exit && slot.exit->exit_code.value_or(0) != 0 &&
-        (!tearing_down_ || record->time < teardown_began_);
+    const bool failed_before_teardown = record && slot.exit &&
+                                        slot.exit->exit_code.value_or(0) != 0 &&
+                                        (!tearing_down_ || record->time < teardown_began_);
     if (slot.timed_out) {
       row.kind = RankFailure::Kind::kTimedOut;
     } else if (!failed_before_teardown && (!slot.exit || slot.exited_in_teardown)) {
@@ -463,10 +473,10 @@ class CallImpl final : public detail::Call {
           if (row.kind != RankFailure::Kind::kTimedOut) continue;
           running += (running.empty() ? "" : ", ") + std::to_string(row.rank);
         }
-        const std::string headline =
-            "sgpu: " + function_label() + " timed out after " +
-            std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
-            ". Raise Options::timeout, or pass sgpu::kNoTimeout";
+        const std::string headline = "sgpu: " + function_label() + " timed out after " +
+                                     std::to_string(options_.timeout->count()) +
+                                     " ms; ranks still running: " + running +
+                                     ". Raise Options::timeout, or pass sgpu::kNoTimeout";
         error = std::make_exception_ptr(
             TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_));
       } else if (outcome == Outcome::kCancelled) {
@@ -475,8 +485,9 @@ class CallImpl final : public detail::Call {
             run_dir_));
       } else if (outcome == Outcome::kStartFailed) {
         error = std::make_exception_ptr(DistributedError(
-            format_failure("sgpu: cannot start the ranks of " + function_label() + ": " + start_error,
-                           rows, run_dir_),
+            format_failure(
+                "sgpu: cannot start the ranks of " + function_label() + ": " + start_error, rows,
+                run_dir_),
             rows, run_dir_));
       } else {
         error = std::make_exception_ptr(DistributedError(
@@ -539,9 +550,8 @@ std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord r
   const std::filesystem::path run_dir = launcher::make_run_dir(options);
   serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
                                serialize::to_bytes(record));
-  auto call = std::make_shared<launcher::CallImpl>(options, std::move(record),
-                                                   std::string(chosen.name()),
-                                                   std::move(selection), run_dir);
+  auto call = std::make_shared<launcher::CallImpl>(
+      options, std::move(record), std::string(chosen.name()), std::move(selection), run_dir);
   call->start();
   return call;
 }

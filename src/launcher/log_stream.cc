@@ -25,8 +25,7 @@ void write_all(int fd, std::string_view data) {
 
 }  // namespace
 
-LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& file,
-                     int console_fd)
+LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& file, int console_fd)
     : source_(std::move(source)),
       file_(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600)),
       console_fd_(console_fd),

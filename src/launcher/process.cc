@@ -32,7 +32,8 @@ void UniqueFd::reset(int fd) {
 
 Pipe make_pipe() {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw std::system_error(errno, std::generic_category(), "pipe2");
   return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
@@ -76,8 +77,8 @@ pid_t spawn_rank(const SpawnRequest& request) {
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_USEVFORK);
   pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, request.program.c_str(), &actions, &attr, argv.data(),
-                               envp.data());
+  const int rc =
+      ::posix_spawn(&pid, request.program.c_str(), &actions, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {

@@ -48,10 +48,10 @@ int lifeline_read_fd();
 inline constexpr int kRankLifelineFd = 3;
 
 struct SpawnRequest {
-  std::string program;               // path to exec
+  std::string program;  // path to exec
   std::vector<std::string> argv;
-  std::vector<std::string> env;      // "NAME=value"
-  int stdout_fd = -1;                // become the rank's 1 and 2
+  std::vector<std::string> env;  // "NAME=value"
+  int stdout_fd = -1;            // become the rank's 1 and 2
   int stderr_fd = -1;
 };
 

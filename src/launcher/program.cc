@@ -21,7 +21,7 @@ std::vector<std::string>& args_storage() {
 }
 
 struct ModuleQuery {
-  std::uintptr_t address = 0;     // find the module holding this address, or
+  std::uintptr_t address = 0;         // find the module holding this address, or
   const std::string* name = nullptr;  // the module with this name ("" = main program)
   bool found = false;
   bool is_main = false;

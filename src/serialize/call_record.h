@@ -12,8 +12,8 @@
 namespace sgpu::serialize {
 
 struct CodeAddress {
-  std::string module;         // "" for the main program, else the shared library's path
-  std::uint64_t offset = 0;   // from the module's load base
+  std::string module;        // "" for the main program, else the shared library's path
+  std::uint64_t offset = 0;  // from the module's load base
 
   template <class Archive>
   void serialize(Archive& ar) {

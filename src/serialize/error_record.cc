@@ -6,9 +6,8 @@
 namespace sgpu::serialize {
 
 void write_error_record(const std::filesystem::path& path, const ErrorRecord& record) {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      record.time.time_since_epoch())
-                      .count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(record.time.time_since_epoch()).count();
   nlohmann::json j = {{"type", record.type},
                       {"message", record.message},
                       {"rank", record.rank},

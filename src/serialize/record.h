@@ -46,7 +46,6 @@ void write_record_file(const std::filesystem::path& path, RecordKind kind,
                        std::string_view payload);
 
 // Reads and decodes; checks the file's size against `limit` before reading it.
-std::string read_record_file(const std::filesystem::path& path, RecordKind kind,
-                             std::size_t limit);
+std::string read_record_file(const std::filesystem::path& path, RecordKind kind, std::size_t limit);
 
 }  // namespace sgpu::serialize

@@ -6,13 +6,20 @@ namespace sgpu {
 
 std::string to_string(RankFailure::Kind kind) {
   switch (kind) {
-    case RankFailure::Kind::kOk: return "ok";
-    case RankFailure::Kind::kException: return "exception";
-    case RankFailure::Kind::kExitCode: return "exit code";
-    case RankFailure::Kind::kSignal: return "signal";
-    case RankFailure::Kind::kBadResult: return "bad result";
-    case RankFailure::Kind::kTimedOut: return "timed out";
-    case RankFailure::Kind::kTerminated: return "terminated";
+    case RankFailure::Kind::kOk:
+      return "ok";
+    case RankFailure::Kind::kException:
+      return "exception";
+    case RankFailure::Kind::kExitCode:
+      return "exit code";
+    case RankFailure::Kind::kSignal:
+      return "signal";
+    case RankFailure::Kind::kBadResult:
+      return "bad result";
+    case RankFailure::Kind::kTimedOut:
+      return "timed out";
+    case RankFailure::Kind::kTerminated:
+      return "terminated";
   }
   return "unknown";
 }
@@ -27,17 +34,23 @@ std::string signal_text(int signal) {
 
 std::string RankFailure::describe() const {
   switch (kind) {
-    case Kind::kOk: return "finished";
-    case Kind::kException: return "threw " + exception_type + ": " + message;
-    case Kind::kExitCode: return "exited with code " + std::to_string(exit_code.value_or(-1));
-    case Kind::kSignal: return "killed by " + signal_text(signal.value_or(0));
-    case Kind::kBadResult: return "returned an unusable result: " + message;
-    case Kind::kTimedOut: return "still running at the deadline";
+    case Kind::kOk:
+      return "finished";
+    case Kind::kException:
+      return "threw " + exception_type + ": " + message;
+    case Kind::kExitCode:
+      return "exited with code " + std::to_string(exit_code.value_or(-1));
+    case Kind::kSignal:
+      return "killed by " + signal_text(signal.value_or(0));
+    case Kind::kBadResult:
+      return "returned an unusable result: " + message;
+    case Kind::kTimedOut:
+      return "still running at the deadline";
     case Kind::kTerminated:
       return "terminated by sgpu" +
-             (signal ? " (" + signal_text(*signal) + ")"
-                     : exit_code ? " (then exited with code " + std::to_string(*exit_code) + ")"
-                                 : std::string());
+             (signal      ? " (" + signal_text(*signal) + ")"
+              : exit_code ? " (then exited with code " + std::to_string(*exit_code) + ")"
+                          : std::string());
   }
   return "unknown";
 }

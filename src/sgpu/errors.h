@@ -38,13 +38,13 @@ class AcceleratorMismatchError : public Error {
 // What happened to one rank of a call that did not succeed.
 struct RankFailure {
   enum class Kind {
-    kOk,           // finished and returned a value
-    kException,    // the function threw; exception_type and message say what
-    kExitCode,     // the process exited with a non-zero code
-    kSignal,       // the process was killed by a signal it did not get from sgpu
-    kBadResult,    // exited 0, but its result record is missing, too large or corrupt
-    kTimedOut,     // still running at the deadline
-    kTerminated,   // torn down by sgpu after another rank failed, a timeout or a cancel
+    kOk,          // finished and returned a value
+    kException,   // the function threw; exception_type and message say what
+    kExitCode,    // the process exited with a non-zero code
+    kSignal,      // the process was killed by a signal it did not get from sgpu
+    kBadResult,   // exited 0, but its result record is missing, too large or corrupt
+    kTimedOut,    // still running at the deadline
+    kTerminated,  // torn down by sgpu after another rank failed, a timeout or a cancel
   };
   int rank = -1;
   int local_rank = -1;
@@ -54,7 +54,7 @@ struct RankFailure {
   std::optional<int> signal;
   std::string exception_type;
   std::string message;
-  std::string stderr_tail;  // the last lines the rank wrote to stderr
+  std::string stderr_tail;                     // the last lines the rank wrote to stderr
   std::chrono::system_clock::time_point time;  // when the failure happened (or was seen)
   bool root_cause = false;
 

@@ -21,19 +21,19 @@ inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
 
 struct Options {
-  int gpus = 1;                      // ranks to start, one per GPU
-  std::string gpu_type;              // e.g. "H100" (case-insensitive); empty: detected
+  int gpus = 1;                       // ranks to start, one per GPU
+  std::string gpu_type;               // e.g. "H100" (case-insensitive); empty: detected
   Timeout timeout = kDefaultTimeout;  // kNoTimeout for none
-  std::string backend = "auto";      // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
-  std::string sim_node;              // node the sim backend pretends, e.g. "8xH100";
-                                     // empty: SGPU_SIM, else "8xH100"
-  std::filesystem::path runs_dir;    // where run folders go; empty: SGPU_RUNS_DIR, else
-                                     // $TMPDIR/sgpu-<uid>/runs
-  bool keep_run_dir = false;         // keep the run folder after success too
+  std::string backend = "auto";       // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
+  std::string sim_node;               // node the sim backend pretends, e.g. "8xH100";
+                                      // empty: SGPU_SIM, else "8xH100"
+  std::filesystem::path runs_dir;     // where run folders go; empty: SGPU_RUNS_DIR, else
+                                      // $TMPDIR/sgpu-<uid>/runs
+  bool keep_run_dir = false;          // keep the run folder after success too
   std::optional<std::vector<int>> console_ranks;  // ranks streamed to the console; unset: all
   std::size_t max_payload_bytes = std::size_t{256} << 20;  // limit on arguments and each result
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
-  std::string name;                  // shown in logs and errors; empty: the function's name
+  std::string name;  // shown in logs and errors; empty: the function's name
 };
 
 }  // namespace sgpu

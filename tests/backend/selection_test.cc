@@ -55,7 +55,8 @@ TEST(Selection, UnknownTypeListsTheKnownOnes) {
 }
 
 TEST(Selection, MixedNodeWithTooFewOfTheType) {
-  expect_has(mismatch("4xH100+4xA10", 6, "A10"), "6 x A10 requested but this node has 4 x H100 + 4 x A10");
+  expect_has(mismatch("4xH100+4xA10", 6, "A10"),
+             "6 x A10 requested but this node has 4 x H100 + 4 x A10");
   const Selection s = select_devices(sim::parse_node_spec("4xH100+4xA10"), 3, "a10", "sim");
   EXPECT_EQ(s.gpu_type, "A10");
   EXPECT_EQ(s.device_indices, (std::vector<int>{4, 5, 6}));

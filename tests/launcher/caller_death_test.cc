@@ -77,12 +77,13 @@ TEST(CallerDeath, SigkillTakesEveryRankAndGrandchildWithinTwoSeconds) {
   const auto killed = std::chrono::steady_clock::now();
   int status = 0;
   ::waitpid(caller.pid, &status, 0);
-  EXPECT_TRUE(sgpu::testing::eventually([&] { return left(marker).empty(); },
-                                        std::chrono::seconds(2)))
+  EXPECT_TRUE(
+      sgpu::testing::eventually([&] { return left(marker).empty(); }, std::chrono::seconds(2)))
       << left(marker).size() << " processes outlived the caller by 2 s";
-  RecordProperty("teardown_ms", static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::steady_clock::now() - killed)
-                                    .count()));
+  RecordProperty("teardown_ms",
+                 static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now() - killed)
+                                      .count()));
   ::close(caller.out);
 }
 
@@ -90,7 +91,8 @@ class Interrupted : public ::testing::TestWithParam<int> {};
 
 TEST_P(Interrupted, TheCallerTearsDownThenDiesOfTheSignal) {
   const int signal = GetParam();
-  const std::string marker = "interrupt-" + std::to_string(signal) + "-" + std::to_string(::getpid());
+  const std::string marker =
+      "interrupt-" + std::to_string(signal) + "-" + std::to_string(::getpid());
   Caller caller = start_caller(marker, 2);
   ::kill(caller.pid, signal);
   int status = 0;

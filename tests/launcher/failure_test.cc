@@ -25,10 +25,15 @@ int faulty(int bad_rank, int fault) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::cerr << "rank " << sgpu::global_rank() << " about to fail" << std::endl;
   switch (fault) {
-    case kThrow: throw std::runtime_error("boom at rank " + std::to_string(bad_rank));
-    case kExit: std::exit(3);
-    case kAbort: std::abort();
-    case kSegv: ::raise(SIGSEGV); break;
+    case kThrow:
+      throw std::runtime_error("boom at rank " + std::to_string(bad_rank));
+    case kExit:
+      std::exit(3);
+    case kAbort:
+      std::abort();
+    case kSegv:
+      ::raise(SIGSEGV);
+      break;
   }
   return -1;
 }
@@ -52,7 +57,8 @@ E run_faulty(int gpus, int bad_rank, int fault, std::chrono::milliseconds* took,
   try {
     sgpu::distributed(faulty, options).distributed(bad_rank, fault);
   } catch (const E& e) {
-    *took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    *took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                  start);
     ::unsetenv("SGPU_TEST_MARKER");
     return e;
   }

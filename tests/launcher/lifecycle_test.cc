@@ -28,7 +28,8 @@ std::set<std::string> listening_sockets() {
     while (std::getline(in, line)) {
       std::istringstream fields(line);
       std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
-      fields >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >>
+          inode;
       if (state == "0A" && mine.count(inode)) listening.insert(inode);
     }
   }

@@ -50,7 +50,8 @@ TEST(Record, TooLargeNamesSizeAndLimit) {
 }
 
 TEST(Record, FilesAreWrittenWholeAndCheckedOnRead) {
-  const auto dir = std::filesystem::temp_directory_path() / ("record_test_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("record_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = dir / "result.bin";
   write_record_file(path, RecordKind::kResult, "payload");

@@ -56,8 +56,7 @@ inline std::vector<pid_t> children() {
     // After "pid (comm) ": state, then ppid.
     int ppid = 0;
     char state = 0;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 &&
-        ppid == ::getpid()) {
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == ::getpid()) {
       found.push_back(pid);
     }
   }

@@ -30,7 +30,8 @@ const Driver& driver() {
       return d;
     }
     d.init = reinterpret_cast<decltype(&cuInit)>(dlsym(d.handle, "cuInit"));
-    d.get_count = reinterpret_cast<decltype(&cuDeviceGetCount)>(dlsym(d.handle, "cuDeviceGetCount"));
+    d.get_count =
+        reinterpret_cast<decltype(&cuDeviceGetCount)>(dlsym(d.handle, "cuDeviceGetCount"));
     d.get = reinterpret_cast<decltype(&cuDeviceGet)>(dlsym(d.handle, "cuDeviceGet"));
     d.get_name = reinterpret_cast<decltype(&cuDeviceGetName)>(dlsym(d.handle, "cuDeviceGetName"));
     d.total_mem =
