@@ -398,8 +398,8 @@ class CallImpl final : public detail::Call {
       if (slot.out) slot.out->close();
       if (slot.err) slot.err->close();
     }
+    store_.reset();  // its port is closed before anyone sees the call end
     finish(outcome, start_error, cancel_reason);
-    store_.reset();
   }
 
   RankFailure row_for(const RankSlot& slot) const {
