@@ -177,13 +177,20 @@ class CallImpl final : public detail::Call {
   const std::string& gpu_type() const override { return selection_.gpu_type; }
 
   [[noreturn]] void raise_bad_result(int rank, const std::string& why) override {
-    std::vector<RankFailure> rows = ok_rows();
+    std::vector<RankFailure> rows;
+    for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
     RankFailure& row = rows.at(static_cast<std::size_t>(rank));
     row.kind = RankFailure::Kind::kBadResult;
     row.message = "cannot decode its result as the function's return type: " + why;
     row.root_cause = true;
-    keep_run_dir_on_disk();
     throw DistributedError(format_failure(headline(1), rows, run_dir_), rows, run_dir_);
+  }
+
+  void results_taken() override {
+    // Only now is the call a success: the folder goes unless asked to stay.
+    if (options_.keep_run_dir) return;
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_, ec);
   }
 
  private:
@@ -196,22 +203,6 @@ class CallImpl final : public detail::Call {
   std::string function_label() const {
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
   }
-
-  std::vector<RankFailure> ok_rows() const {
-    std::vector<RankFailure> rows;
-    for (const RankSlot& slot : slots_) {
-      RankFailure row;
-      row.rank = slot.rank;
-      row.local_rank = slot.rank;
-      row.pid = slot.pid;
-      row.exit_code = slot.exit ? slot.exit->exit_code : std::nullopt;
-      row.time = slot.exit_time;
-      rows.push_back(std::move(row));
-    }
-    return rows;
-  }
-
-  void keep_run_dir_on_disk() { keep_ = true; }
 
   std::vector<std::string> rank_env(const RankSlot& slot) const {
     std::vector<std::string> env;
@@ -494,10 +485,6 @@ class CallImpl final : public detail::Call {
             format_failure(headline(std::max(failed, 1)), rows, run_dir_), rows, run_dir_));
       }
     }
-    if (!error && !options_.keep_run_dir && !keep_) {
-      std::error_code ec;
-      std::filesystem::remove_all(run_dir_, ec);
-    }
     {
       std::lock_guard lock(mutex_);
       results_ = std::move(results);
@@ -518,7 +505,6 @@ class CallImpl final : public detail::Call {
   bool tearing_down_ = false;
   bool killed_ = false;
   WallClock::time_point teardown_began_;
-  std::atomic<bool> keep_{false};
   Clock::time_point kill_at_;
   std::thread thread_;
 

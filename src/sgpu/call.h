@@ -30,7 +30,10 @@ class Call {
   virtual void cancel() = 0;
   virtual const std::filesystem::path& run_dir() const = 0;
   virtual const std::string& gpu_type() const = 0;  // requested or detected
-  // Raises the DistributedError for a result that did not decode on the caller's side.
+  // The caller decoded every result: the run folder is removed unless kept.
+  virtual void results_taken() = 0;
+  // Raises the DistributedError for a result that did not decode on the caller's side
+  // (the run folder is kept).
   [[noreturn]] virtual void raise_bad_result(int rank, const std::string& why) = 0;
 };
 

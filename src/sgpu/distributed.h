@@ -76,6 +76,7 @@ class Launch {
   auto wait() {
     const std::vector<std::string>& bytes = call_->wait();
     if constexpr (std::is_void_v<R>) {
+      call_->results_taken();
       return;
     } else {
       std::vector<R> results;
@@ -87,6 +88,7 @@ class Launch {
           call_->raise_bad_result(static_cast<int>(rank), e.what());
         }
       }
+      call_->results_taken();
       return results;
     }
   }
