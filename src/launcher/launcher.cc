@@ -96,29 +96,6 @@ std::filesystem::path make_run_dir(const Options& options) {
   return dir;
 }
 
-bool is_rank_variable(std::string_view entry) {
-  static constexpr std::string_view kNames[] = {"RANK=",
-                                                "LOCAL_RANK=",
-                                                "WORLD_SIZE=",
-                                                "LOCAL_WORLD_SIZE=",
-                                                "NODE_RANK=",
-                                                "GROUP_RANK=",
-                                                "ROLE_RANK=",
-                                                "MASTER_ADDR=",
-                                                "MASTER_PORT=",
-                                                "SGPU_ROLE=",
-                                                "SGPU_CALL_FILE=",
-                                                "SGPU_RANK_DIR=",
-                                                "SGPU_DEVICE_INDEX=",
-                                                "SGPU_RANK_BACKEND=",
-                                                "SGPU_PARENT_PID=",
-                                                "SGPU_LIFELINE_FD="};
-  for (std::string_view name : kNames) {
-    if (entry.substr(0, name.size()) == name) return true;
-  }
-  return false;
-}
-
 struct RankSlot {
   int rank = 0;
   int device_index = 0;
@@ -204,36 +181,41 @@ class CallImpl final : public detail::Call {
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
   }
 
+  // The caller's environment with the rank's variables set over it; a variable the
+  // caller has under one of those names (a caller that is itself a torchrun worker, say)
+  // is replaced, never passed on.
   std::vector<std::string> rank_env(const RankSlot& slot) const {
+    const int world = options_.gpus;
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(slot.rank)},
+        {"LOCAL_RANK", std::to_string(slot.rank)},
+        {"GROUP_RANK", "0"},
+        {"ROLE_RANK", std::to_string(slot.rank)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_WORLD_SIZE", std::to_string(world)},
+        {"NODE_RANK", "0"},
+        {"MASTER_ADDR", store_->host()},
+        {"MASTER_PORT", std::to_string(store_->port())},
+        {kRoleVar, "rank"},
+        {kCallFileVar, (run_dir_ / "call.bin").string()},
+        {kRankDirVar, slot.dir.string()},
+        {kDeviceVar, std::to_string(slot.device_index)},
+        {kBackendVar, backend_name_},
+        {kParentVar, std::to_string(::getpid())},
+        {kLifelineVar, std::to_string(kRankLifelineFd)},
+    };
+    if (world > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      vars.emplace_back("OMP_NUM_THREADS", "1");
+    }
     std::vector<std::string> env;
-    bool has_omp = false;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
       const std::string_view var(*entry);
-      if (is_rank_variable(var)) continue;
-      if (var.substr(0, 16) == "OMP_NUM_THREADS=") has_omp = true;
-      env.emplace_back(var);
+      const std::string_view name = var.substr(0, var.find('='));
+      if (std::none_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; })) {
+        env.emplace_back(var);
+      }
     }
-    const int world = options_.gpus;
-    auto set = [&env](std::string name, const std::string& value) {
-      env.push_back(std::move(name) + "=" + value);
-    };
-    set("RANK", std::to_string(slot.rank));
-    set("LOCAL_RANK", std::to_string(slot.rank));
-    set("GROUP_RANK", "0");
-    set("ROLE_RANK", std::to_string(slot.rank));
-    set("WORLD_SIZE", std::to_string(world));
-    set("LOCAL_WORLD_SIZE", std::to_string(world));
-    set("NODE_RANK", "0");
-    set("MASTER_ADDR", store_->host());
-    set("MASTER_PORT", std::to_string(store_->port()));
-    if (!has_omp && world > 1) set("OMP_NUM_THREADS", "1");
-    set(kRoleVar, "rank");
-    set(kCallFileVar, (run_dir_ / "call.bin").string());
-    set(kRankDirVar, slot.dir.string());
-    set(kDeviceVar, std::to_string(slot.device_index));
-    set(kBackendVar, backend_name_);
-    set(kParentVar, std::to_string(::getpid()));
-    set(kLifelineVar, std::to_string(kRankLifelineFd));
+    for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
     return env;
   }
 

@@ -117,9 +117,4 @@ void reap(pid_t pid) {
   }
 }
 
-std::string signal_name(int signal) {
-  if (const char* abbrev = ::sigabbrev_np(signal)) return std::string("SIG") + abbrev;
-  return "signal " + std::to_string(signal);
-}
-
 }  // namespace sgpu::launcher

@@ -77,7 +77,4 @@ void signal_group(pid_t pid, int signal);
 // Reaps an exited child.
 void reap(pid_t pid);
 
-// "SIGSEGV" for 11, "signal 77" for an unnamed one.
-std::string signal_name(int signal);
-
 }  // namespace sgpu::launcher

@@ -24,11 +24,16 @@ std::string to_string(RankFailure::Kind kind) {
   return "unknown";
 }
 
+std::string signal_name(int signal) {
+  if (const char* abbrev = ::sigabbrev_np(signal)) return std::string("SIG") + abbrev;
+  return "signal " + std::to_string(signal);
+}
+
 namespace {
+// "signal 11 (SIGSEGV)", or "signal 77" for one without a name.
 std::string signal_text(int signal) {
-  const char* abbrev = ::sigabbrev_np(signal);
-  return "signal " + std::to_string(signal) +
-         (abbrev != nullptr ? " (SIG" + std::string(abbrev) + ")" : std::string());
+  const std::string name = signal_name(signal);
+  return name.rfind("SIG", 0) == 0 ? "signal " + std::to_string(signal) + " (" + name + ")" : name;
 }
 }  // namespace
 

@@ -64,6 +64,9 @@ struct RankFailure {
 
 std::string to_string(RankFailure::Kind kind);
 
+// "SIGSEGV" for 11; "signal 77" for a signal without a name.
+std::string signal_name(int signal);
+
 class DistributedError : public Error {
  public:
   DistributedError(std::string summary, std::vector<RankFailure> ranks,
