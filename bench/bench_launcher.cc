@@ -1,4 +1,5 @@
-// Launch-to-results of a trivial function on 1, 2, 4 and 8 simulated ranks, against
+// Launch-to-results of a trivial function on 1, 2, 4 and 8 simulated ranks, started by
+// the warm fork server and by exec, against
 //   floor:    plain fork+exec+wait of N trivial processes (/bin/true), the least any
 //             launcher can cost;
 //   mpirun:   OpenMPI's `mpirun -np N /bin/true`;
@@ -100,15 +101,22 @@ void BM_ExecThisBinary(benchmark::State& state) {
   });
 }
 
-void BM_Sgpu_Exec(benchmark::State& state) {
+void time_sgpu(benchmark::State& state, sgpu::StartMethod method) {
   sgpu::Options options;
   options.backend = "sim";
+  options.start_method = method;
   time_launches(state, [&](int ranks) {
     options.gpus = ranks;
     return sgpu::distributed(trivial, options).distributed(1).size() ==
            static_cast<std::size_t>(ranks);
   });
 }
+
+// The fork server is already warm: main() made the first call.
+void BM_Sgpu_ForkServer(benchmark::State& state) {
+  time_sgpu(state, sgpu::StartMethod::kForkServer);
+}
+void BM_Sgpu_Exec(benchmark::State& state) { time_sgpu(state, sgpu::StartMethod::kExec); }
 
 void BM_Mpirun(benchmark::State& state) {
   time_launches(state, [](int ranks) {
@@ -143,6 +151,7 @@ void rank_counts(benchmark::internal::Benchmark* b) {
 // Registration order is run order: the floor first, so the others can divide by it.
 BENCHMARK(BM_Floor_ForkExecWait)->Apply(rank_counts);
 BENCHMARK(BM_ExecThisBinary)->Apply(rank_counts);
+BENCHMARK(BM_Sgpu_ForkServer)->Apply(rank_counts);
 BENCHMARK(BM_Sgpu_Exec)->Apply(rank_counts);
 BENCHMARK(BM_Mpirun)->Apply(rank_counts);
 BENCHMARK(BM_Torchrun)->Apply(rank_counts)->Iterations(2);
@@ -154,6 +163,17 @@ int main(int argc, char** argv) {
   sgpu::init(argc, argv);
   ::setenv("SGPU_BACKEND", "sim", 0);
   benchmark::Initialize(&argc, argv);
+  {
+    // The first call of a process starts the fork server: its cost, once.
+    sgpu::Options options;
+    options.backend = "sim";
+    options.gpus = 8;
+    const auto start = std::chrono::steady_clock::now();
+    sgpu::distributed(trivial, options).distributed(1);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    benchmark::AddCustomContext("first_call_8_ranks_fork_server_ms", std::to_string(ms));
+  }
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -22,6 +22,7 @@
 #include "launcher/log_stream.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
+#include "launcher/rank_starter.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -100,7 +101,6 @@ struct RankSlot {
   int rank = 0;
   int device_index = 0;
   pid_t pid = 0;
-  UniqueFd exit_fd;
   std::unique_ptr<LogStream> out;
   std::unique_ptr<LogStream> err;
   std::optional<ExitStatus> exit;
@@ -128,7 +128,8 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  void start() {
+  void start(StartMethod method) {
+    starter_ = make_starter(method);
     store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });
   }
@@ -241,14 +242,20 @@ class CallImpl final : public detail::Call {
       request.env = rank_env(slot);
       request.stdout_fd = out.write.get();
       request.stderr_fd = err.write.get();
-      slot.pid = spawn_rank(request);
-      slot.exit_fd = open_exit_fd(slot.pid);
+      slot.pid = starter_->start(request);
       const bool console = shows_on_console(rank);
       slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.dir / "stdout.log",
                                              console ? STDOUT_FILENO : -1);
       slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.dir / "stderr.log",
                                              console ? STDERR_FILENO : -1);
     }
+  }
+
+  RankSlot* slot_of(pid_t pid) {
+    for (RankSlot& slot : slots_) {
+      if (slot.pid == pid) return &slot;
+    }
+    return nullptr;
   }
 
   // A rank that exits on its own is a failure unless it exited 0 with its result written.
@@ -308,10 +315,10 @@ class CallImpl final : public detail::Call {
       fds.push_back({cancel_fd_.get(), POLLIN, 0});
       fds.push_back({InterruptScope::event_fd(), POLLIN, 0});
       for (RankSlot& slot : slots_) {
-        if (slot.pid > 0 && !slot.exit) fds.push_back({slot.exit_fd.get(), POLLIN, 0});
         if (slot.out && slot.out->open()) fds.push_back({slot.out->fd(), POLLIN, 0});
         if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
       }
+      starter_->add_poll_fds(fds);
       Clock::time_point wake = Clock::time_point::max();
       if (!tearing_down_) wake = deadline;
       if (tearing_down_ && !killed_) wake = kill_at_;
@@ -328,13 +335,13 @@ class CallImpl final : public detail::Call {
         if (slot.out) slot.out->pump();
         if (slot.err) slot.err->pump();
       }
-      for (RankSlot& slot : slots_) {
-        if (slot.pid == 0 || slot.exit) continue;
-        slot.exit = peek_exit(slot.pid);
-        if (!slot.exit) continue;
-        slot.exit_time = WallClock::now();
-        slot.exited_in_teardown = tearing_down_;
-        if (!tearing_down_ && !exited_ok(slot)) {
+      for (const RankExit& exit : starter_->collect_exits()) {
+        RankSlot* slot = slot_of(exit.pid);
+        if (slot == nullptr || slot->exit) continue;
+        slot->exit = exit.status;
+        slot->exit_time = WallClock::now();
+        slot->exited_in_teardown = tearing_down_;
+        if (!tearing_down_ && !exited_ok(*slot)) {
           outcome = Outcome::kRankFailed;
           begin_teardown(now);
         }
@@ -364,10 +371,10 @@ class CallImpl final : public detail::Call {
     // Final sweep: every group (grandchildren included) is gone before the zombies are
     // reaped, so no process group id can have been reused.
     for (RankSlot& slot : slots_) {
-      if (slot.pid == 0) continue;
-      signal_group(slot.pid, SIGKILL);
-      reap(slot.pid);
-      slot.exit_fd.reset();
+      if (slot.pid > 0) signal_group(slot.pid, SIGKILL);
+    }
+    starter_->release();
+    for (RankSlot& slot : slots_) {
       if (slot.out) slot.out->close();
       if (slot.err) slot.err->close();
     }
@@ -482,6 +489,7 @@ class CallImpl final : public detail::Call {
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
   UniqueFd cancel_fd_;
+  std::unique_ptr<RankStarter> starter_;
   std::unique_ptr<rendezvous::HostStore> store_;
   std::vector<RankSlot> slots_;
   bool tearing_down_ = false;
@@ -504,6 +512,7 @@ namespace sgpu::detail {
 
 std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record) {
   launcher::check_options(options);
+  const StartMethod method = launcher::resolve_start_method(options);
   const backend::Backend& chosen = backend::choose_backend(options);
   const backend::Inventory inventory = chosen.inventory(options);
   backend::Selection selection =
@@ -520,7 +529,7 @@ std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord r
                                serialize::to_bytes(record));
   auto call = std::make_shared<launcher::CallImpl>(
       options, std::move(record), std::string(chosen.name()), std::move(selection), run_dir);
-  call->start();
+  call->start(method);
   return call;
 }
 

@@ -48,13 +48,21 @@ int lifeline_read_fd() {
   return read_end;
 }
 
-pid_t spawn_rank(const SpawnRequest& request) {
+pid_t spawn_process(const SpawnRequest& request) {
   std::vector<char*> argv;
   for (const std::string& arg : request.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
   for (const std::string& var : request.env) envp.push_back(const_cast<char*>(var.c_str()));
   envp.push_back(nullptr);
+  // Copies above every target number first, so that placing one fd at 3 cannot overwrite
+  // another that is still to be placed.
+  std::vector<UniqueFd> sources;
+  for (int fd :
+       request.inherit_fds.empty() ? std::vector<int>{lifeline_read_fd()} : request.inherit_fds) {
+    sources.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 16));
+    if (!sources.back()) throw std::system_error(errno, std::generic_category(), "dup");
+  }
 
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
@@ -63,19 +71,23 @@ pid_t spawn_rank(const SpawnRequest& request) {
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, request.stdout_fd, 1);
   posix_spawn_file_actions_adddup2(&actions, request.stderr_fd, 2);
-  posix_spawn_file_actions_adddup2(&actions, lifeline_read_fd(), kRankLifelineFd);
-  posix_spawn_file_actions_addclosefrom_np(&actions, kRankLifelineFd + 1);
-  // A new process group, and the default disposition and an empty mask for every signal,
-  // whatever the caller's threads have set.
+  int target = 3;
+  for (const UniqueFd& source : sources) {
+    posix_spawn_file_actions_adddup2(&actions, source.get(), target++);
+  }
+  posix_spawn_file_actions_addclosefrom_np(&actions, target);
   sigset_t all;
   sigfillset(&all);
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_USEVFORK);
+  short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_USEVFORK;
+  if (request.new_process_group) {
+    posix_spawnattr_setpgroup(&attr, 0);
+    flags |= POSIX_SPAWN_SETPGROUP;
+  }
+  posix_spawnattr_setflags(&attr, flags);
   pid_t pid = 0;
   const int rc =
       ::posix_spawn(&pid, request.program.c_str(), &actions, &attr, argv.data(), envp.data());

@@ -51,14 +51,16 @@ struct SpawnRequest {
   std::string program;  // path to exec
   std::vector<std::string> argv;
   std::vector<std::string> env;  // "NAME=value"
-  int stdout_fd = -1;            // become the rank's 1 and 2
+  int stdout_fd = -1;            // become the process's 1 and 2
   int stderr_fd = -1;
+  std::vector<int> inherit_fds;  // become its 3, 4, ...; empty: the lifeline at 3
+  bool new_process_group = true;
 };
 
-// Starts a process in a new process group with stdin from /dev/null, stdout/stderr on the
-// given fds, the lifeline at kRankLifelineFd and no other descriptor of the caller.
-// Throws std::system_error.
-pid_t spawn_rank(const SpawnRequest& request);
+// Starts a process with stdin from /dev/null, stdout/stderr on the given fds, the
+// inherited fds from 3 on, no other descriptor of the caller, default signal
+// dispositions and an empty signal mask. Throws std::system_error.
+pid_t spawn_process(const SpawnRequest& request);
 
 // A pollable handle that becomes readable when the process exits (pidfd).
 UniqueFd open_exit_fd(pid_t pid);

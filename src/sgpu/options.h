@@ -3,7 +3,7 @@
 // Every field has a default that a user can rely on; Options are checked before anything
 // starts, and a bad value is a ConfigError that names the field. Environment variables
 // fill in the fields they name when those are left empty (SGPU_SIM, SGPU_RUNS_DIR), or
-// override them (SGPU_BACKEND).
+// override them (SGPU_BACKEND, SGPU_START_METHOD).
 #pragma once
 
 #include <chrono>
@@ -20,6 +20,12 @@ using Timeout = std::optional<std::chrono::milliseconds>;
 inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
 
+// How rank processes start. kForkServer (what kAuto means) forks each rank from a warm
+// copy of the caller's binary, started once per caller, so the binary's load time is paid
+// once; kExec runs the binary anew for every rank, for programs whose static initialisers
+// start threads (the fork server refuses to fork then, and says so).
+enum class StartMethod { kAuto, kForkServer, kExec };
+
 struct Options {
   int gpus = 1;                       // ranks to start, one per GPU
   std::string gpu_type;               // e.g. "H100" (case-insensitive); empty: detected
@@ -33,6 +39,7 @@ struct Options {
   std::optional<std::vector<int>> console_ranks;  // ranks streamed to the console; unset: all
   std::size_t max_payload_bytes = std::size_t{256} << 20;  // limit on arguments and each result
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
+  StartMethod start_method = StartMethod::kAuto;  // SGPU_START_METHOD=fork-server|exec overrides
   std::string name;  // shown in logs and errors; empty: the function's name
 };
 

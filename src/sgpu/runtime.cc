@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "backend/backend_table.h"
+#include "launcher/fork_server.h"
 #include "launcher/program.h"
 #include "launcher/rank_main.h"
 
@@ -19,6 +20,7 @@ int env_int(const char* name, int fallback) {
 void init(int argc, char** argv) {
   launcher::set_program_args(argc, argv);
   if (launcher::started_as_rank()) launcher::run_rank();
+  if (launcher::started_as_fork_server()) launcher::run_fork_server();
 }
 
 bool is_rank() { return launcher::started_as_rank(); }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "serialize/record.h"
 #include "sgpu/sgpu.h"
 #include "support/process_table.h"
 
@@ -210,14 +211,17 @@ TEST(Launcher, ResultOverTheLimitNamesRankAndSize) {
   }
 }
 
-void truncate_own_result() {
-  const std::filesystem::path result =
-      std::filesystem::path(std::getenv("SGPU_RANK_DIR")) / "result.bin";
-  std::filesystem::resize_file(result, std::filesystem::file_size(result) - 3);
-}
-
+// Rank 1 leaves a result record that ends early, as a rank killed mid-write on a
+// filesystem without atomic rename would, and ends as a rank that returned.
 int result_damaged_after_return(int) {
-  if (sgpu::global_rank() == 1) std::atexit(truncate_own_result);
+  if (sgpu::global_rank() == 1) {
+    const std::string whole = sgpu::serialize::encode_record(sgpu::serialize::RecordKind::kResult,
+                                                             sgpu::serialize::to_bytes(7));
+    std::ofstream(std::filesystem::path(std::getenv("SGPU_RANK_DIR")) / "result.bin")
+        << whole.substr(0, whole.size() - 3);
+    std::cout.flush();
+    ::_exit(0);
+  }
   return 7;
 }
 

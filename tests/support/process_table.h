@@ -1,5 +1,5 @@
 // Looks at the process table, not at flags: which processes carry a marker in their
-// environment, which children this process has, how many descriptors it holds.
+// environment, which rank processes are left unreaped, how many descriptors it holds.
 #pragma once
 
 #include <dirent.h>
@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "launcher/fork_server.h"
 
 namespace sgpu::testing {
 
@@ -34,20 +36,21 @@ inline std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Processes (zombies included) whose environment holds `marker` ("NAME=value").
+// Processes whose environment holds `marker` ("NAME=value"), leaving out this process and
+// its fork server, which outlive calls by design.
 inline std::vector<pid_t> processes_with(const std::string& marker) {
   std::vector<pid_t> found;
   const std::string needle = marker + '\0';
   for (pid_t pid : all_pids()) {
-    if (pid == ::getpid()) continue;
+    if (pid == ::getpid() || pid == launcher::fork_server_pid()) continue;
     const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
     if (env.find(needle) != std::string::npos) found.push_back(pid);
   }
   return found;
 }
 
-// Children of this process, zombies included.
-inline std::vector<pid_t> children() {
+// Children of `parent`, zombies included.
+inline std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> found;
   for (pid_t pid : all_pids()) {
     const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
@@ -56,9 +59,23 @@ inline std::vector<pid_t> children() {
     // After "pid (comm) ": state, then ppid.
     int ppid = 0;
     char state = 0;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == ::getpid()) {
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) {
       found.push_back(pid);
     }
+  }
+  return found;
+}
+
+// Rank processes not yet reaped, whoever their parent: children of this process other
+// than its fork server, and the fork server's children.
+inline std::vector<pid_t> children() {
+  std::vector<pid_t> found;
+  const pid_t server = launcher::fork_server_pid();
+  for (pid_t pid : children_of(::getpid())) {
+    if (pid != server) found.push_back(pid);
+  }
+  if (server != 0) {
+    for (pid_t pid : children_of(server)) found.push_back(pid);
   }
   return found;
 }

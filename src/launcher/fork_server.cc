@@ -1,0 +1,479 @@
+#include "launcher/fork_server.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <system_error>
+
+#include "launcher/program.h"
+#include "launcher/rank_main.h"
+#include "serialize/values.h"
+
+extern char** environ;
+
+namespace sgpu::launcher {
+namespace {
+
+// The server's descriptors: the control socket and the caller's lifeline.
+constexpr int kControlFd = 3;
+constexpr int kServerLifelineFd = 4;
+constexpr std::size_t kMaxMessage = std::size_t{1} << 20;
+constexpr auto kReplyLimit = std::chrono::seconds(60);
+
+struct Message {
+  enum Kind : int { kHello = 1, kChannel, kSpawn, kSpawned, kExited, kRelease, kReleased, kError };
+  int kind = 0;
+  int pid = 0;
+  int exit_code = -1;  // -1: killed by `signal`
+  int signal = 0;
+  std::string text;
+  std::vector<std::string> env;
+  std::string cwd;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(kind, pid, exit_code, signal, text, env, cwd);
+  }
+};
+
+void send_message(int socket, const Message& message, const std::vector<int>& fds = {}) {
+  std::string bytes = serialize::to_bytes(message);
+  if (bytes.size() > kMaxMessage) {
+    throw std::runtime_error("sgpu fork server: a request of " + std::to_string(bytes.size()) +
+                             " bytes (the environment is that large) exceeds its limit of " +
+                             std::to_string(kMaxMessage) + "; use the exec start method");
+  }
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control;
+  if (!fds.empty()) {
+    control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* header = CMSG_FIRSTHDR(&msg);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+  }
+  while (::sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
+    if (errno == EINTR) continue;
+    throw std::system_error(errno, std::generic_category(), "sgpu fork server: send");
+  }
+}
+
+enum class Received { kMessage, kNothing, kClosed };
+
+Received receive_message(int socket, Message& message, std::vector<UniqueFd>* fds, bool block) {
+  thread_local std::vector<char> buffer(kMaxMessage);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  while ((n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | (block ? 0 : MSG_DONTWAIT))) < 0) {
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Received::kNothing;
+    if (errno == ECONNRESET) return Received::kClosed;
+    throw std::system_error(errno, std::generic_category(), "sgpu fork server: receive");
+  }
+  if (n == 0) return Received::kClosed;
+  for (cmsghdr* header = CMSG_FIRSTHDR(&msg); header != nullptr;
+       header = CMSG_NXTHDR(&msg, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+      if (fds != nullptr) {
+        fds->emplace_back(fd);
+      } else {
+        ::close(fd);
+      }
+    }
+  }
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    throw std::runtime_error("sgpu fork server: a message was cut short");
+  }
+  message =
+      serialize::from_bytes<Message>(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
+  return Received::kMessage;
+}
+
+// Waits for one message; kClosed when the peer is gone. Throws after kReplyLimit.
+Received await_message(int socket, Message& message) {
+  pollfd p{socket, POLLIN, 0};
+  const int ms = static_cast<int>(std::chrono::milliseconds(kReplyLimit).count());
+  while (true) {
+    const int rc = ::poll(&p, 1, ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) throw std::runtime_error("sgpu fork server: no answer within 60 s");
+    return receive_message(socket, message, nullptr, true);
+  }
+}
+
+std::pair<UniqueFd, UniqueFd> make_socket_pair() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw std::system_error(errno, std::generic_category(), "socketpair");
+  }
+  return {UniqueFd(sv[0]), UniqueFd(sv[1])};
+}
+
+// ---------------------------------------------------------------------------------------
+// The caller's side.
+
+class ServerHandle {
+ public:
+  static ServerHandle& instance() {
+    static ServerHandle* handle = new ServerHandle;  // lives as long as the process
+    return *handle;
+  }
+
+  UniqueFd open_channel() {
+    std::lock_guard lock(mutex_);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!running_locked()) start_locked();
+      auto [mine, theirs] = make_socket_pair();
+      try {
+        send_message(control_.get(), Message{.kind = Message::kChannel}, {theirs.get()});
+        return std::move(mine);
+      } catch (const std::system_error&) {
+        stop_locked();  // the server died; start another once
+      }
+    }
+    throw std::runtime_error("sgpu fork server: cannot reach a fork server");
+  }
+
+  pid_t pid() {
+    std::lock_guard lock(mutex_);
+    return running_locked() ? pid_ : 0;
+  }
+
+ private:
+  bool running_locked() {
+    if (pid_ == 0) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = 0;
+      control_.reset();
+      return false;
+    }
+    return true;
+  }
+
+  void stop_locked() {
+    if (pid_ != 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    pid_ = 0;
+    control_.reset();
+  }
+
+  void start_locked() {
+    auto [mine, theirs] = make_socket_pair();
+    SpawnRequest request;
+    request.program = "/proc/self/exe";
+    request.argv = program_args();
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      if (std::strncmp(*entry, "SGPU_ROLE=", 10) != 0) request.env.emplace_back(*entry);
+    }
+    request.env.push_back(std::string(kRoleVar) + "=" + kForkServerRole);
+    request.stdout_fd = STDOUT_FILENO;
+    request.stderr_fd = STDERR_FILENO;
+    request.inherit_fds = {theirs.get(), lifeline_read_fd()};
+    pid_ = spawn_process(request);
+    theirs.reset();
+    control_ = std::move(mine);
+    Message hello;
+    if (await_message(control_.get(), hello) != Received::kMessage ||
+        hello.kind != Message::kHello) {
+      stop_locked();
+      throw std::runtime_error(
+          "sgpu fork server: it did not start (does main() call sgpu::init(argc, argv) first?)");
+    }
+  }
+
+  std::mutex mutex_;
+  pid_t pid_ = 0;
+  UniqueFd control_;
+};
+
+class ForkServerStarter final : public RankStarter {
+ public:
+  ForkServerStarter() : channel_(ServerHandle::instance().open_channel()) {}
+  ~ForkServerStarter() override { release(); }
+
+  pid_t start(const SpawnRequest& request) override {
+    Message spawn{.kind = Message::kSpawn};
+    spawn.env = request.env;
+    char cwd[4096];
+    spawn.cwd = ::getcwd(cwd, sizeof cwd) != nullptr ? cwd : "/";
+    send_message(channel_.get(), spawn, {request.stdout_fd, request.stderr_fd});
+    while (true) {
+      Message reply;
+      if (await_message(channel_.get(), reply) == Received::kClosed) {
+        server_gone();
+        throw std::runtime_error("sgpu fork server: it died while starting a rank");
+      }
+      if (reply.kind == Message::kExited) {
+        note_exit(reply);
+      } else if (reply.kind == Message::kSpawned) {
+        started_.push_back(reply.pid);
+        return reply.pid;
+      } else if (reply.kind == Message::kError) {
+        throw std::runtime_error(reply.text);
+      }
+    }
+  }
+
+  void add_poll_fds(std::vector<pollfd>& fds) const override {
+    if (channel_) fds.push_back({channel_.get(), POLLIN, 0});
+  }
+
+  std::vector<RankExit> collect_exits() override {
+    while (channel_) {
+      Message message;
+      const Received got = receive_message(channel_.get(), message, nullptr, false);
+      if (got == Received::kNothing) break;
+      if (got == Received::kClosed) {
+        server_gone();
+        break;
+      }
+      if (message.kind == Message::kExited) note_exit(message);
+    }
+    return std::exchange(pending_, {});
+  }
+
+  void release() override {
+    if (!channel_) return;
+    try {
+      send_message(channel_.get(), Message{.kind = Message::kRelease});
+      Message reply;
+      while (await_message(channel_.get(), reply) == Received::kMessage &&
+             reply.kind != Message::kReleased) {
+      }
+    } catch (const std::exception&) {
+      // A server that cannot answer has died, and its ranks with it.
+    }
+    channel_.reset();
+  }
+
+ private:
+  void note_exit(const Message& message) {
+    RankExit exit{message.pid, {}};
+    if (message.exit_code >= 0) {
+      exit.status.exit_code = message.exit_code;
+    } else {
+      exit.status.signal = message.signal;
+    }
+    pending_.push_back(exit);
+    reported_.push_back(message.pid);
+  }
+
+  // The server died: its ranks died with it (their parent-death signal kills their groups).
+  void server_gone() {
+    channel_.reset();
+    for (pid_t pid : started_) {
+      const bool seen =
+          std::any_of(reported_.begin(), reported_.end(), [&](pid_t p) { return p == pid; });
+      if (!seen) pending_.push_back({pid, ExitStatus{std::nullopt, SIGKILL}});
+    }
+  }
+
+  UniqueFd channel_;
+  std::vector<pid_t> started_;
+  std::vector<pid_t> reported_;
+  std::vector<RankExit> pending_;
+};
+
+// ---------------------------------------------------------------------------------------
+// The server's side.
+
+int thread_count() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return 1;
+}
+
+struct Child {
+  pid_t pid = 0;
+  UniqueFd exit_fd;
+  bool exit_reported = false;
+};
+
+struct Channel {
+  UniqueFd socket;
+  std::vector<Child> children;
+};
+
+void kill_and_reap(Channel& channel) {
+  for (Child& child : channel.children) signal_group(child.pid, SIGKILL);
+  for (Child& child : channel.children) reap(child.pid);
+  channel.children.clear();
+}
+
+[[noreturn]] void become_rank(const Message& request, std::vector<UniqueFd>& fds) {
+  ::setpgid(0, 0);
+  for (int signal = 1; signal < NSIG; ++signal) ::signal(signal, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  ::dup2(null_fd, 0);
+  ::dup2(fds.at(0).get(), 1);
+  ::dup2(fds.at(1).get(), 2);
+  ::dup2(kServerLifelineFd, kRankLifelineFd);
+  ::closefrom(kRankLifelineFd + 1);
+  for (UniqueFd& fd : fds) fd.release();  // closed just above
+  if (::chdir(request.cwd.c_str()) != 0) {
+    const std::string text =
+        "sgpu: cannot enter " + request.cwd + ": " + std::strerror(errno) + "\n";
+    [[maybe_unused]] ssize_t n = ::write(2, text.data(), text.size());
+    ::_exit(127);
+  }
+  // The request's environment replaces the server's, as exec would; the parent a rank
+  // checks for is this server.
+  // Never freed: environ must stay valid through the exit handlers of every library.
+  auto& strings = *new std::vector<std::string>;
+  auto& pointers = *new std::vector<char*>;
+  const std::string parent = std::string(kParentVar) + "=";
+  for (const std::string& var : request.env) {
+    if (var.rfind(parent, 0) != 0) strings.push_back(var);
+  }
+  strings.push_back(parent + std::to_string(::getppid()));
+  for (std::string& var : strings) pointers.push_back(var.data());
+  pointers.push_back(nullptr);
+  environ = pointers.data();
+  run_rank();
+}
+
+void handle_request(Channel& channel, const Message& request, std::vector<UniqueFd>& fds) {
+  if (request.kind == Message::kRelease) {
+    kill_and_reap(channel);
+    send_message(channel.socket.get(), Message{.kind = Message::kReleased});
+    return;
+  }
+  if (request.kind != Message::kSpawn) return;
+  Message reply;
+  if (fds.size() != 2) {
+    reply = Message{.kind = Message::kError,
+                    .text = "sgpu fork server: a spawn request without its stdout and stderr"};
+  } else if (const int threads = thread_count(); threads > 1) {
+    reply = Message{.kind = Message::kError,
+                    .text = "sgpu fork server: it has " + std::to_string(threads) +
+                            " threads (a static initialiser of this program started them), so "
+                            "forking it is unsafe. Use the exec start method: "
+                            "Options::start_method = sgpu::StartMethod::kExec, or "
+                            "SGPU_START_METHOD=exec"};
+  } else {
+    const pid_t pid = ::fork();
+    if (pid == 0) become_rank(request, fds);
+    if (pid < 0) {
+      reply =
+          Message{.kind = Message::kError,
+                  .text = std::string("sgpu fork server: fork failed: ") + std::strerror(errno)};
+    } else {
+      ::setpgid(pid, pid);  // also here, so the group exists before the caller can signal it
+      channel.children.push_back(Child{pid, open_exit_fd(pid), false});
+      reply = Message{.kind = Message::kSpawned, .pid = pid};
+    }
+  }
+  send_message(channel.socket.get(), reply);
+}
+
+[[noreturn]] void shut_down(std::vector<Channel>& channels) {
+  for (Channel& channel : channels) kill_and_reap(channel);
+  ::_exit(0);
+}
+
+}  // namespace
+
+std::unique_ptr<RankStarter> make_fork_server_starter() {
+  return std::make_unique<ForkServerStarter>();
+}
+
+pid_t fork_server_pid() { return ServerHandle::instance().pid(); }
+
+bool started_as_fork_server() {
+  const char* role = std::getenv(kRoleVar);
+  return role != nullptr && std::strcmp(role, kForkServerRole) == 0;
+}
+
+void run_fork_server() {
+  ::signal(SIGPIPE, SIG_IGN);
+  std::vector<Channel> channels;
+  try {
+    send_message(kControlFd, Message{.kind = Message::kHello, .pid = ::getpid()});
+    while (true) {
+      std::vector<pollfd> fds{{kControlFd, POLLIN, 0}};
+      for (Channel& channel : channels) {
+        fds.push_back({channel.socket.get(), POLLIN, 0});
+        for (Child& child : channel.children) {
+          if (!child.exit_reported) fds.push_back({child.exit_fd.get(), POLLIN, 0});
+        }
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) shut_down(channels);
+
+      if (fds[0].revents != 0) {
+        Message message;
+        std::vector<UniqueFd> received;
+        if (receive_message(kControlFd, message, &received, false) == Received::kClosed) {
+          shut_down(channels);  // the caller is gone
+        }
+        if (message.kind == Message::kChannel && received.size() == 1) {
+          channels.push_back(Channel{std::move(received[0]), {}});
+        }
+      }
+      for (std::size_t i = 0; i < channels.size();) {
+        Channel& channel = channels[i];
+        Message message;
+        std::vector<UniqueFd> received;
+        const Received got = receive_message(channel.socket.get(), message, &received, false);
+        if (got == Received::kClosed) {
+          kill_and_reap(channel);
+          channels.erase(channels.begin() + static_cast<std::ptrdiff_t>(i));
+          continue;
+        }
+        if (got == Received::kMessage) handle_request(channel, message, received);
+        for (Child& child : channel.children) {
+          if (child.exit_reported) continue;
+          const auto status = peek_exit(child.pid);
+          if (!status) continue;
+          child.exit_reported = true;
+          child.exit_fd.reset();
+          send_message(channel.socket.get(), Message{.kind = Message::kExited,
+                                                     .pid = child.pid,
+                                                     .exit_code = status->exit_code.value_or(-1),
+                                                     .signal = status->signal.value_or(0)});
+        }
+        ++i;
+      }
+    }
+  } catch (const std::exception& e) {
+    const std::string text = std::string("sgpu fork server: ") + e.what() + "\n";
+    [[maybe_unused]] ssize_t n = ::write(2, text.data(), text.size());
+    shut_down(channels);
+  }
+}
+
+}  // namespace sgpu::launcher

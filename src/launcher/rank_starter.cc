@@ -1,0 +1,70 @@
+#include "launcher/rank_starter.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "launcher/fork_server.h"
+#include "sgpu/errors.h"
+
+namespace sgpu::launcher {
+namespace {
+
+class ExecStarter final : public RankStarter {
+ public:
+  pid_t start(const SpawnRequest& request) override {
+    const pid_t pid = spawn_process(request);
+    running_.emplace(pid, open_exit_fd(pid));
+    started_.push_back(pid);
+    return pid;
+  }
+
+  void add_poll_fds(std::vector<pollfd>& fds) const override {
+    for (const auto& [pid, fd] : running_) fds.push_back({fd.get(), POLLIN, 0});
+  }
+
+  std::vector<RankExit> collect_exits() override {
+    std::vector<RankExit> exits;
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (auto status = peek_exit(it->first)) {
+        exits.push_back({it->first, *status});
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return exits;
+  }
+
+  void release() override {
+    for (pid_t pid : started_) reap(pid);
+    started_.clear();
+    running_.clear();
+  }
+
+  ~ExecStarter() override { release(); }
+
+ private:
+  std::map<pid_t, UniqueFd> running_;  // pid -> pidfd, until its exit is seen
+  std::vector<pid_t> started_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankStarter> make_exec_starter() { return std::make_unique<ExecStarter>(); }
+
+StartMethod resolve_start_method(const Options& options) {
+  if (const char* env = std::getenv("SGPU_START_METHOD"); env != nullptr && *env != '\0') {
+    const std::string value = env;
+    if (value == "exec") return StartMethod::kExec;
+    if (value == "fork-server") return StartMethod::kForkServer;
+    throw ConfigError("SGPU_START_METHOD is \"" + value +
+                      "\"; it takes \"fork-server\" or \"exec\"");
+  }
+  return options.start_method == StartMethod::kExec ? StartMethod::kExec : StartMethod::kForkServer;
+}
+
+std::unique_ptr<RankStarter> make_starter(StartMethod method) {
+  return method == StartMethod::kExec ? make_exec_starter() : make_fork_server_starter();
+}
+
+}  // namespace sgpu::launcher
