@@ -414,10 +414,7 @@ std::unique_ptr<RankStarter> make_fork_server_starter() {
 
 pid_t fork_server_pid() { return ServerHandle::instance().pid(); }
 
-bool started_as_fork_server() {
-  const char* role = std::getenv(kRoleVar);
-  return role != nullptr && std::strcmp(role, kForkServerRole) == 0;
-}
+bool started_as_fork_server() { return started_as(kForkServerRole); }
 
 void run_fork_server() {
   ::signal(SIGPIPE, SIG_IGN);

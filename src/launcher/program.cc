@@ -66,10 +66,12 @@ void set_program_args(int argc, char** argv) {
 
 const std::vector<std::string>& program_args() { return args_storage(); }
 
-bool started_as_rank() {
-  const char* role = std::getenv(kRoleVar);
-  return role != nullptr && std::strcmp(role, "rank") == 0;
+bool started_as(std::string_view role) {
+  const char* value = std::getenv(kRoleVar);
+  return value != nullptr && role == value;
 }
+
+bool started_as_rank() { return started_as("rank"); }
 
 serialize::CodeAddress locate_code(const void* address) {
   ModuleQuery query;

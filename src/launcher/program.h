@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "serialize/call_record.h"
@@ -24,7 +25,9 @@ inline constexpr const char* kBackendVar = "SGPU_RANK_BACKEND";  // resolved bac
 inline constexpr const char* kParentVar = "SGPU_PARENT_PID";     // expected parent
 inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";  // lifeline read end
 
-// True when this process was started as a rank (its environment says so).
+// True when this process was started in `role` (SGPU_ROLE says so).
+bool started_as(std::string_view role);
+// started_as("rank").
 bool started_as_rank();
 
 serialize::CodeAddress locate_code(const void* address);
