@@ -31,3 +31,8 @@ set(SGPU_TORCH_VERSION ${Torch_VERSION})
 add_library(sgpu_torch_cpu INTERFACE)
 target_link_libraries(sgpu_torch_cpu INTERFACE torch_cpu c10)
 target_compile_options(sgpu_torch_cpu INTERFACE ${TORCH_CXX_FLAGS})
+# c10d's process-group headers also reach into libtorch's C++ API folder.
+add_library(sgpu_torch_distributed INTERFACE)
+target_link_libraries(sgpu_torch_distributed INTERFACE sgpu_torch_cpu)
+target_include_directories(sgpu_torch_distributed INTERFACE
+  ${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include)

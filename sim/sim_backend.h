@@ -1,6 +1,8 @@
 // The simulated backend: CPU processes pretending to be the GPUs of a node spec
 // (sim/node_spec.h). Same inventory type, environment, errors and teardown as "cuda";
-// device() is "cpu". The node comes from Options::sim_node, else SGPU_SIM, else 8xH100.
+// device() is "cpu", process groups are Gloo on CPU tensors (sim/process_group.cc). The
+// node comes from Options::sim_node, else SGPU_SIM, else 8xH100. A fault plan
+// (sim/faults.h) makes chosen ranks fail at chosen points.
 #pragma once
 
 #include <memory>
@@ -14,6 +16,12 @@ class SimBackend final : public backend::Backend {
   std::string_view name() const override { return "sim"; }
   backend::Inventory inventory(const Options& options) const override;
   std::string device(int device_index) const override { return "cpu"; }
+  // Applies this rank's start faults and arms its timed ones.
+  void bind(int device_index) const override;
+  c10::intrusive_ptr<c10d::Backend> make_process_group(
+      const backend::ProcessGroupRequest& request) const override;
+  // The fault plan (Options::sim_faults, else SGPU_SIM_FAULTS), checked.
+  std::vector<std::string> rank_environment(const Options& options) const override;
 };
 
 std::unique_ptr<backend::Backend> make_sim_backend();

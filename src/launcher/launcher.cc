@@ -113,10 +113,12 @@ struct RankSlot {
 class CallImpl final : public detail::Call {
  public:
   CallImpl(Options options, serialize::CallRecord record, std::string backend_name,
-           backend::Selection selection, std::filesystem::path run_dir)
+           std::vector<std::string> backend_env, backend::Selection selection,
+           std::filesystem::path run_dir)
       : options_(std::move(options)),
         record_(std::move(record)),
         backend_name_(std::move(backend_name)),
+        backend_env_(std::move(backend_env)),
         selection_(std::move(selection)),
         run_dir_(std::move(run_dir)),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
@@ -204,7 +206,12 @@ class CallImpl final : public detail::Call {
         {kBackendVar, backend_name_},
         {kParentVar, std::to_string(::getpid())},
         {kLifelineVar, std::to_string(kRankLifelineFd)},
+        {kGroupTimeoutVar, std::to_string(group_timeout().count())},
     };
+    for (const std::string& var : backend_env_) {
+      const auto eq = var.find('=');
+      vars.emplace_back(var.substr(0, eq), var.substr(eq + 1));
+    }
     if (world > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
       vars.emplace_back("OMP_NUM_THREADS", "1");
     }
@@ -218,6 +225,11 @@ class CallImpl final : public detail::Call {
     }
     for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
     return env;
+  }
+
+  // Collectives give up with the call: its timeout, or c10d's 30 minutes without one.
+  std::chrono::milliseconds group_timeout() const {
+    return options_.timeout.value_or(std::chrono::minutes(30));
   }
 
   bool shows_on_console(int rank) const {
@@ -486,6 +498,7 @@ class CallImpl final : public detail::Call {
   const Options options_;
   const serialize::CallRecord record_;
   const std::string backend_name_;
+  const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
   UniqueFd cancel_fd_;
@@ -517,6 +530,7 @@ std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord r
   const backend::Inventory inventory = chosen.inventory(options);
   backend::Selection selection =
       backend::select_devices(inventory, options.gpus, options.gpu_type, chosen.name());
+  std::vector<std::string> backend_env = chosen.rank_environment(options);
   if (record.args.size() > options.max_payload_bytes) {
     throw ConfigError("the arguments take " + std::to_string(record.args.size()) +
                       " bytes serialized, over max_payload_bytes (" +
@@ -527,8 +541,9 @@ std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord r
   const std::filesystem::path run_dir = launcher::make_run_dir(options);
   serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
                                serialize::to_bytes(record));
-  auto call = std::make_shared<launcher::CallImpl>(
-      options, std::move(record), std::string(chosen.name()), std::move(selection), run_dir);
+  auto call =
+      std::make_shared<launcher::CallImpl>(options, std::move(record), std::string(chosen.name()),
+                                           std::move(backend_env), std::move(selection), run_dir);
   call->start(method);
   return call;
 }

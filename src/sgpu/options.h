@@ -33,6 +33,8 @@ struct Options {
   std::string backend = "auto";       // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
   std::string sim_node;               // node the sim backend pretends, e.g. "8xH100";
                                       // empty: SGPU_SIM, else "8xH100"
+  std::string sim_faults;             // fault plan for sim ranks (see sim/faults.h); empty:
+                                      // SGPU_SIM_FAULTS
   std::filesystem::path runs_dir;     // where run folders go; empty: SGPU_RUNS_DIR, else
                                       // $TMPDIR/sgpu-<uid>/runs
   bool keep_run_dir = false;          // keep the run folder after success too

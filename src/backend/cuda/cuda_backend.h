@@ -3,8 +3,10 @@
 // Detection loads the CUDA driver (libcuda.so.1) at run time, so a binary built with CUDA
 // still starts on a machine without a driver and reports no GPU, with the reason. The
 // driver honours CUDA_VISIBLE_DEVICES. Device names are normalised through
-// backend/gpu_type.h. Process groups (NCCL) and device binding come with the backend
-// interface's process-group seam.
+// backend/gpu_type.h. Binding (set the device) and process groups (NCCL) live in a module
+// linked against libtorch's CUDA part (process_group.cc -> libsgpu_cuda_runtime.so),
+// loaded by the rank that binds: simulated ranks and machines without CUDA libraries
+// never load it. SGPU_CUDA_MODULE overrides where it is looked for.
 #pragma once
 
 #include "sgpu/config.h"
@@ -26,6 +28,9 @@ class CudaBackend final : public backend::Backend {
   std::string device(int device_index) const override {
     return "cuda:" + std::to_string(device_index);
   }
+  void bind(int device_index) const override;
+  c10::intrusive_ptr<c10d::Backend> make_process_group(
+      const backend::ProcessGroupRequest& request) const override;
 };
 
 std::unique_ptr<backend::Backend> make_cuda_backend();

@@ -2,6 +2,8 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -88,6 +90,46 @@ backend::Inventory CudaBackend::inventory(const Options&) const {
     inventory.gpus.push_back(std::move(gpu));
   }
   return inventory;
+}
+
+namespace {
+
+struct RuntimeModule {
+  void (*bind)(int) = nullptr;
+  void (*make_process_group)(const backend::ProcessGroupRequest*,
+                             c10::intrusive_ptr<c10d::Backend>*) = nullptr;
+};
+
+const RuntimeModule& runtime_module() {
+  static const RuntimeModule module = [] {
+    const char* env = std::getenv("SGPU_CUDA_MODULE");
+    const std::string path = env != nullptr && *env != '\0' ? env : SGPU_CUDA_MODULE_PATH;
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (handle == nullptr) {
+      throw std::runtime_error("sgpu: cannot load the CUDA runtime module " + path + ": " +
+                               dlerror() + " (set SGPU_CUDA_MODULE to its path)");
+    }
+    RuntimeModule m;
+    m.bind = reinterpret_cast<void (*)(int)>(dlsym(handle, "sgpu_cuda_bind"));
+    m.make_process_group = reinterpret_cast<decltype(m.make_process_group)>(
+        dlsym(handle, "sgpu_cuda_make_process_group"));
+    if (m.bind == nullptr || m.make_process_group == nullptr) {
+      throw std::runtime_error("sgpu: " + path + " is not sgpu's CUDA runtime module");
+    }
+    return m;
+  }();
+  return module;
+}
+
+}  // namespace
+
+void CudaBackend::bind(int device_index) const { runtime_module().bind(device_index); }
+
+c10::intrusive_ptr<c10d::Backend> CudaBackend::make_process_group(
+    const backend::ProcessGroupRequest& request) const {
+  c10::intrusive_ptr<c10d::Backend> group;
+  runtime_module().make_process_group(&request, &group);
+  return group;
 }
 
 std::unique_ptr<backend::Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }

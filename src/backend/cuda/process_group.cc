@@ -1,0 +1,23 @@
+// The CUDA side that needs libtorch's CUDA part, built as its own module
+// (libsgpu_cuda_runtime.so) and loaded by the cuda backend when a rank binds. Binaries
+// that link sgpu load no CUDA library until a rank runs on "cuda".
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include "backend/backend.h"
+
+extern "C" {
+
+// Makes `device` the rank's current CUDA device.
+void sgpu_cuda_bind(int device) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device)); }
+
+// An NCCL process group for the request, stored into *out.
+void sgpu_cuda_make_process_group(const sgpu::backend::ProcessGroupRequest* request,
+                                  c10::intrusive_ptr<c10d::Backend>* out) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = request->timeout;
+  *out = c10::make_intrusive<c10d::ProcessGroupNCCL>(request->store, request->rank,
+                                                     request->world_size, options);
+}
+}
