@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "sgpu/config.h"
 #include "sgpu/sgpu.h"
 #include "support/process_table.h"
 
@@ -120,6 +121,19 @@ TEST(Mismatch, AutoWithoutAGpuNamesTheSimulatedBackend) {
   expect_has(text, "SGPU_BACKEND=sim");
   ::setenv("SGPU_BACKEND", "sim", 1);
 }
+
+#if SGPU_WITH_CUDA
+TEST(Mismatch, CudaWithoutAGpuSaysWhyAndNamesTheSimulatedBackend) {
+  auto o = sim();
+  o.backend = "cuda";
+  ::unsetenv("SGPU_BACKEND");
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);  // no GPU, even on a GPU machine
+  const std::string text = error_of<sgpu::AcceleratorMismatchError>(o);
+  ::setenv("SGPU_BACKEND", "sim", 1);
+  expect_has(text, "backend \"cuda\" offers none (");
+  expect_has(text, "backend=\"sim\"");
+}
+#endif
 
 TEST(Mismatch, DetectedTypeIsReported) {
   auto o = sim();
