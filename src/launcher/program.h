@@ -26,6 +26,9 @@ inline constexpr const char* kParentVar = "SGPU_PARENT_PID";              // exp
 inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";           // lifeline read end
 inline constexpr const char* kGroupTimeoutVar = "SGPU_GROUP_TIMEOUT_MS";  // collectives
 
+// The integer in environment variable `name`, or `fallback` when it is unset or empty.
+long long env_int(const char* name, long long fallback);
+
 // True when this process was started in `role` (SGPU_ROLE says so).
 bool started_as(std::string_view role);
 // started_as("rank").

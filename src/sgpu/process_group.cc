@@ -10,15 +10,6 @@
 #include "sgpu/runtime.h"
 
 namespace sgpu {
-namespace {
-
-int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::atoi(value) : 0;
-}
-
-}  // namespace
-
 c10d::Backend& process_group() {
   if (!is_rank()) {
     throw Error("sgpu::process_group() is for code running inside a distributed function");
@@ -26,9 +17,10 @@ c10d::Backend& process_group() {
   static std::once_flag once;
   static c10::intrusive_ptr<c10d::Backend>* group = nullptr;  // lives to the rank's end
   std::call_once(once, [] {
-    const std::chrono::milliseconds timeout(std::atoll(std::getenv(launcher::kGroupTimeoutVar)));
+    const std::chrono::milliseconds timeout(launcher::env_int(
+        launcher::kGroupTimeoutVar, std::chrono::milliseconds(std::chrono::minutes(30)).count()));
     c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<std::uint16_t>(env_int("MASTER_PORT"));
+    store_options.port = static_cast<std::uint16_t>(launcher::env_int("MASTER_PORT", 0));
     store_options.isServer = false;
     store_options.timeout = timeout;
     auto store = c10::make_intrusive<c10d::TCPStore>(std::getenv("MASTER_ADDR"), store_options);
@@ -36,7 +28,7 @@ c10d::Backend& process_group() {
     request.store = store;
     request.rank = global_rank();
     request.world_size = world_size();
-    request.device_index = env_int(launcher::kDeviceVar);
+    request.device_index = static_cast<int>(launcher::env_int(launcher::kDeviceVar, 0));
     request.timeout = timeout;
     const backend::Backend& chosen = backend::find_backend(std::getenv(launcher::kBackendVar));
     group = new c10::intrusive_ptr<c10d::Backend>(chosen.make_process_group(request));

@@ -11,8 +11,7 @@ namespace sgpu {
 namespace {
 
 int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
+  return static_cast<int>(launcher::env_int(name, fallback));
 }
 
 }  // namespace
