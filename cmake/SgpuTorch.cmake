@@ -26,13 +26,4 @@ if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
 endif()
 find_package(Torch REQUIRED)
 set(SGPU_TORCH_VERSION ${Torch_VERSION})
-# sgpu's components use the CPU part of libtorch (c10d stores, Gloo, tensors); only the
-# CUDA backend links the CUDA part, so that simulated ranks do not load CUDA libraries.
-add_library(sgpu_torch_cpu INTERFACE)
-target_link_libraries(sgpu_torch_cpu INTERFACE torch_cpu c10)
-target_compile_options(sgpu_torch_cpu INTERFACE ${TORCH_CXX_FLAGS})
-# c10d's process-group headers also reach into libtorch's C++ API folder.
-add_library(sgpu_torch_distributed INTERFACE)
-target_link_libraries(sgpu_torch_distributed INTERFACE sgpu_torch_cpu)
-target_include_directories(sgpu_torch_distributed INTERFACE
-  ${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include)
+include(${CMAKE_CURRENT_LIST_DIR}/SgpuTorchTargets.cmake)

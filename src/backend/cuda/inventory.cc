@@ -103,8 +103,12 @@ struct RuntimeModule {
 const RuntimeModule& runtime_module() {
   static const RuntimeModule module = [] {
     const char* env = std::getenv("SGPU_CUDA_MODULE");
-    const std::string path = env != nullptr && *env != '\0' ? env : SGPU_CUDA_MODULE_PATH;
+    std::string path = env != nullptr && *env != '\0' ? env : SGPU_CUDA_MODULE_PATH;
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (handle == nullptr && (env == nullptr || *env == '\0')) {
+      path = SGPU_CUDA_MODULE_INSTALLED_PATH;  // built here, used from the install prefix
+      handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    }
     if (handle == nullptr) {
       throw std::runtime_error("sgpu: cannot load the CUDA runtime module " + path + ": " +
                                dlerror() + " (set SGPU_CUDA_MODULE to its path)");

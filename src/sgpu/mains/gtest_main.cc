@@ -1,4 +1,5 @@
-// main() for sgpu's test binaries: the binary is also every rank's program.
+// main() for GoogleTest binaries that launch ranks (sgpu::gtest_main): the binary is also
+// every rank's program, so sgpu::init comes first.
 #include <gtest/gtest.h>
 
 #include "sgpu/runtime.h"
