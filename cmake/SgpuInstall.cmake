@@ -28,6 +28,7 @@ install(TARGETS ${_sgpu_exported} EXPORT sgpuTargets
 if(SGPU_WITH_CUDA)
   install(TARGETS sgpu_cuda_runtime LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
+install(TARGETS sgpu_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 foreach(dir sgpu serialize backend launcher)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
     FILES_MATCHING PATTERN "*.h" PATTERN "mains" EXCLUDE PATTERN "table" EXCLUDE)

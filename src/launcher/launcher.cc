@@ -41,7 +41,7 @@ using WallClock = std::chrono::system_clock;
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
 
-void check_options(const Options& options) {
+void check_options(const Options& options, bool runs_a_program) {
   if (options.gpus < 1) {
     throw ConfigError("gpus must be at least 1, got " + std::to_string(options.gpus));
   }
@@ -60,7 +60,7 @@ void check_options(const Options& options) {
       }
     }
   }
-  if (program_args().empty()) {
+  if (!runs_a_program && program_args().empty()) {
     throw ConfigError(
         "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
         "runs this binary again and starts there");
@@ -112,11 +112,12 @@ struct RankSlot {
 
 class CallImpl final : public detail::Call {
  public:
-  CallImpl(Options options, serialize::CallRecord record, std::string backend_name,
-           std::vector<std::string> backend_env, backend::Selection selection,
-           std::filesystem::path run_dir)
+  CallImpl(Options options, serialize::CallRecord record, std::vector<std::string> command,
+           std::string backend_name, std::vector<std::string> backend_env,
+           backend::Selection selection, std::filesystem::path run_dir)
       : options_(std::move(options)),
         record_(std::move(record)),
+        command_(std::move(command)),
         backend_name_(std::move(backend_name)),
         backend_env_(std::move(backend_env)),
         selection_(std::move(selection)),
@@ -181,6 +182,7 @@ class CallImpl final : public detail::Call {
            " ranks of " + function_label() + " failed";
   }
   std::string function_label() const {
+    if (!command_.empty()) return command_.front();
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
   }
 
@@ -199,7 +201,11 @@ class CallImpl final : public detail::Call {
         {"NODE_RANK", "0"},
         {"MASTER_ADDR", store_->host()},
         {"MASTER_PORT", std::to_string(store_->port())},
-        {kRoleVar, "rank"},
+        {kRoleVar, command_.empty() ? "rank" : "program"},
+        // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_RUN_ID", run_dir_.filename().string()},
         {kCallFileVar, (run_dir_ / "call.bin").string()},
         {kRankDirVar, slot.dir.string()},
         {kDeviceVar, std::to_string(slot.device_index)},
@@ -250,7 +256,9 @@ class CallImpl final : public detail::Call {
       Pipe err = make_pipe();
       SpawnRequest request;
       request.program = "/proc/self/exe";
-      request.argv = program_args();
+      // A program's ranks start as this binary in the program role, which arms the
+      // parent-death signal and then becomes the program (launcher/rank_main.h).
+      request.argv = command_.empty() ? program_args() : command_;
       request.env = rank_env(slot);
       request.stdout_fd = out.write.get();
       request.stderr_fd = err.write.get();
@@ -272,6 +280,7 @@ class CallImpl final : public detail::Call {
 
   // A rank that exits on its own is a failure unless it exited 0 with its result written.
   bool exited_ok(const RankSlot& slot) const {
+    if (!command_.empty()) return slot.exit->exit_code == 0;
     return slot.exit->exit_code == 0 && std::filesystem::exists(slot.dir / "result.bin");
   }
 
@@ -439,7 +448,9 @@ class CallImpl final : public detail::Call {
     std::vector<RankFailure> rows;
     for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
 
-    if (outcome == Outcome::kSucceeded) {
+    if (outcome == Outcome::kSucceeded && !command_.empty()) {
+      results.assign(slots_.size(), std::string());
+    } else if (outcome == Outcome::kSucceeded) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
         try {
           results.push_back(serialize::read_record_file(slots_[i].dir / "result.bin",
@@ -497,6 +508,7 @@ class CallImpl final : public detail::Call {
 
   const Options options_;
   const serialize::CallRecord record_;
+  const std::vector<std::string> command_;  // a program's call: what each rank runs
   const std::string backend_name_;
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
@@ -523,9 +535,15 @@ class CallImpl final : public detail::Call {
 
 namespace sgpu::detail {
 
-std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record) {
-  launcher::check_options(options);
-  const StartMethod method = launcher::resolve_start_method(options);
+namespace {
+
+std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record,
+                            std::vector<std::string> command) {
+  const bool runs_a_program = !command.empty();
+  launcher::check_options(options, runs_a_program);
+  // The fork server forks this binary; a program's ranks are other binaries.
+  const StartMethod method =
+      runs_a_program ? StartMethod::kExec : launcher::resolve_start_method(options);
   const backend::Backend& chosen = backend::choose_backend(options);
   const backend::Inventory inventory = chosen.inventory(options);
   backend::Selection selection =
@@ -539,13 +557,26 @@ std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord r
   }
   record.max_payload_bytes = options.max_payload_bytes;
   const std::filesystem::path run_dir = launcher::make_run_dir(options);
-  serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
-                               serialize::to_bytes(record));
-  auto call =
-      std::make_shared<launcher::CallImpl>(options, std::move(record), std::string(chosen.name()),
-                                           std::move(backend_env), std::move(selection), run_dir);
+  if (!runs_a_program) {
+    serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
+                                 serialize::to_bytes(record));
+  }
+  auto call = std::make_shared<launcher::CallImpl>(
+      options, std::move(record), std::move(command), std::string(chosen.name()),
+      std::move(backend_env), std::move(selection), run_dir);
   call->start(method);
   return call;
+}
+
+}  // namespace
+
+std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record) {
+  return start(options, std::move(record), {});
+}
+
+std::shared_ptr<Call> start_program(const Options& options, std::vector<std::string> command) {
+  if (command.empty()) throw ConfigError("no program to run");
+  return start(options, serialize::CallRecord{}, std::move(command));
 }
 
 }  // namespace sgpu::detail

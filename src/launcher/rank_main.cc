@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "backend/backend_table.h"
+#include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -115,6 +117,17 @@ std::string current_exception_type() {
 }
 
 }  // namespace
+
+void run_program(char** argv) {
+  const char* parent = std::getenv(kParentVar);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // survives exec
+  if (parent != nullptr && std::to_string(::getppid()) != parent) ::_exit(137);
+  ::fcntl(kRankLifelineFd, F_SETFD, FD_CLOEXEC);
+  for (const char* var : {kRoleVar, kCallFileVar, kParentVar, kLifelineVar}) ::unsetenv(var);
+  ::execvp(argv[0], argv);
+  std::fprintf(stderr, "sgpu: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  ::_exit(127);
+}
 
 void run_rank() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

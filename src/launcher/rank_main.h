@@ -9,4 +9,8 @@ namespace sgpu::launcher {
 
 [[noreturn]] void run_rank();
 
+// A program's rank (sgpu run): arms the parent-death signal, leaves the rank variables
+// and drops sgpu's own, then becomes the program named by argv (found on PATH).
+[[noreturn]] void run_program(char** argv);
+
 }  // namespace sgpu::launcher

@@ -41,6 +41,11 @@ class Call {
 // ConfigError or AcceleratorMismatchError before anything is started.
 std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record);
 
+// Runs `command` (a program and its arguments, found on PATH) as every rank, with the
+// same environment, checks, streaming, teardown and failure table as a function's call;
+// success is every rank exiting 0 (wait() then returns one empty string per rank).
+std::shared_ptr<Call> start_program(const Options& options, std::vector<std::string> command);
+
 // Where a piece of code lives, in a form another process of the same binary can resolve.
 serialize::CodeAddress locate_code(const void* address);
 // A readable name for the function at `address` ("" when the binary keeps none).

@@ -19,6 +19,7 @@ int env_int(const char* name, int fallback) {
 void init(int argc, char** argv) {
   launcher::set_program_args(argc, argv);
   if (launcher::started_as_rank()) launcher::run_rank();
+  if (launcher::started_as("program")) launcher::run_program(argv);
   if (launcher::started_as_fork_server()) launcher::run_fork_server();
 }
 

@@ -1,0 +1,142 @@
+// The sgpu command:
+//   sgpu info                               backends, GPUs, versions
+//   sgpu run [options] -- PROGRAM ARGS...   PROGRAM on N ranks, as torchrun would start it
+//
+// Exit status of `sgpu run`: 0 when every rank succeeded; else the root-cause rank's exit
+// code, or 128+signal when a signal killed it; 124 on timeout; 3 for an accelerator
+// mismatch; 2 for bad flags or options. Interrupted (Ctrl-C, SIGTERM), it tears the ranks
+// down and dies of the signal.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend_table.h"
+#include "sgpu/config.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+constexpr int kUsageError = 2;
+constexpr int kMismatch = 3;
+constexpr int kTimedOut = 124;
+
+int info() {
+  std::cout << "sgpu " << SGPU_VERSION << " (libtorch " << SGPU_TORCH_VERSION << ", built "
+            << (SGPU_WITH_CUDA ? "with" : "without") << " CUDA)\n";
+  for (const auto& entry : sgpu::backend::backend_table()) {
+    const auto inventory = sgpu::backend::find_backend(entry.name).inventory(sgpu::Options{});
+    std::cout << "backend " << entry.name << ": " << inventory.summary();
+    if (inventory.gpus.empty()) std::cout << " (" << inventory.unavailable_reason << ")";
+    if (!inventory.node.empty()) std::cout << " [" << inventory.node << "]";
+    std::cout << "\n";
+    for (const auto& gpu : inventory.gpus) {
+      std::cout << "  " << gpu.index << ": " << gpu.type << "  " << gpu.name << "  "
+                << (gpu.memory_bytes >> 30) << " GiB\n";
+    }
+  }
+  return 0;
+}
+
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> ranks;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) ranks.push_back(std::stoi(part));
+  return ranks;
+}
+
+int run(sgpu::Options options, const std::vector<std::string>& command) {
+  try {
+    sgpu::detail::start_program(options, command)->wait();
+    return 0;
+  } catch (const sgpu::TimeoutError& e) {
+    std::cerr << e.what() << std::endl;
+    return kTimedOut;
+  } catch (const sgpu::DistributedError& e) {
+    std::cerr << e.what() << std::endl;
+    const sgpu::RankFailure* root = e.root_cause();
+    if (root == nullptr) return 1;
+    if (root->signal) return 128 + *root->signal;
+    return root->exit_code && *root->exit_code != 0 ? *root->exit_code : 1;
+  } catch (const sgpu::AcceleratorMismatchError& e) {
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return kMismatch;
+  } catch (const sgpu::ConfigError& e) {
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return kUsageError;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sgpu::init(argc, argv);
+  CLI::App app{"sgpu: run one program or function on every GPU of a node, real or simulated"};
+  app.require_subcommand(1);
+  app.footer(
+      "Examples:\n"
+      "  sgpu info\n"
+      "  sgpu run --gpus 8 --gpu-type H100 -- python train.py --epochs 3\n"
+      "  sgpu run --gpus 4 --backend sim --timeout 600 -- ./my_benchmark");
+
+  app.add_subcommand("info", "Show the backends built in, the GPUs they see, and versions");
+
+  CLI::App* run_cmd = app.add_subcommand(
+      "run", "Start PROGRAM on N ranks with torchrun's environment (RANK, WORLD_SIZE, ...)");
+  run_cmd->footer(
+      "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
+      "128+signal; 124 on timeout; 3 when the node cannot serve the request; 2 for bad\n"
+      "flags.\n"
+      "Example:\n"
+      "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
+      "print(os.environ[\"RANK\"])'");
+  int gpus = 1;
+  std::string gpu_type, backend = "auto", timeout = "10800", log_dir, ranks, run_name;
+  std::vector<std::string> command;
+  run_cmd->add_option("--gpus", gpus, "Ranks to start, one per GPU")->capture_default_str();
+  run_cmd->add_option("--gpu-type", gpu_type, "GPU type the node must have (detected if unset)");
+  run_cmd->add_option("--backend", backend, "auto, cuda or sim (SGPU_BACKEND overrides)")
+      ->capture_default_str();
+  run_cmd->add_option("--timeout", timeout, "Seconds, or none")->capture_default_str();
+  run_cmd->add_option("--log-dir", log_dir, "Where run folders go");
+  run_cmd->add_option("--ranks", ranks, "Ranks whose output the console shows, e.g. 0,3");
+  run_cmd->add_option("--run-name", run_name, "Name shown in errors");
+  run_cmd->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "sgpu: " << e.what() << "\n\n" << app.help("", CLI::AppFormatMode::Normal);
+    return kUsageError;
+  }
+  if (app.got_subcommand("info")) return info();
+
+  sgpu::Options options;
+  options.gpus = gpus;
+  options.gpu_type = gpu_type;
+  options.backend = backend;
+  options.runs_dir = log_dir;
+  options.name = run_name;
+  if (timeout == "none") {
+    options.timeout = sgpu::kNoTimeout;
+  } else {
+    try {
+      options.timeout =
+          std::chrono::milliseconds(static_cast<long long>(std::stod(timeout) * 1000));
+    } catch (const std::exception&) {
+      std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout << "\"\n";
+      return kUsageError;
+    }
+  }
+  if (!ranks.empty()) {
+    try {
+      options.console_ranks = parse_ranks(ranks);
+    } catch (const std::exception&) {
+      std::cerr << "sgpu run: --ranks takes a list like 0,3, got \"" << ranks << "\"\n";
+      return kUsageError;
+    }
+  }
+  return run(options, command);
+}

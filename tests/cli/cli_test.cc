@@ -1,0 +1,141 @@
+// The sgpu command as a user runs it: a real PyTorch DDP script under `sgpu run`, a crash
+// on one rank, timeout, mismatch and bad flags, with their exit codes and messages.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/process_table.h"
+
+extern char** environ;
+
+namespace {
+
+struct Result {
+  int status = -1;  // exit code, or 128+signal
+  std::string output;
+};
+
+Result sgpu(std::vector<std::string> args, const std::string& extra_env = "") {
+  const std::string program =
+      (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "sgpu").string();
+  args.insert(args.begin(), program);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string(*e).rfind("SGPU_BACKEND=", 0) != 0) env_text.emplace_back(*e);
+  }
+  if (!extra_env.empty()) env_text.push_back(extra_env);
+  std::vector<char*> env;
+  for (auto& e : env_text) env.push_back(e.data());
+  env.push_back(nullptr);
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  pid_t pid = 0;
+  EXPECT_EQ(::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), env.data()), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  Result result;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) result.output.append(buffer, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+void expect_has(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "missing \"" << part << "\" in:\n" << text;
+}
+
+const std::string kScript = SGPU_TEST_SOURCE_DIR "/cli/ddp_train.py";
+
+TEST(SgpuRun, PytorchDdpScriptRunsUnchanged) {
+  const Result r = sgpu({"run", "--gpus", "4", "--backend", "sim", "--timeout", "300", "--",
+                         SGPU_TEST_PYTHON, kScript});
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    expect_has(r.output, "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) +
+                             ": parameters agree after 5 steps");
+  }
+}
+
+TEST(SgpuRun, ACrashOnRankTwoExitsWithItsStatusAndLeavesNothing) {
+  const std::string marker = "SGPU_TEST_MARKER=cli-crash-" + std::to_string(::getpid());
+  const auto run = [&] {
+    return sgpu({"run", "--gpus", "4", "--backend", "sim", "--timeout", "300", "--",
+                 SGPU_TEST_PYTHON, kScript},
+                marker);
+  };
+  ::setenv("CRASH_RANK", "2", 1);
+  const Result r = run();
+  ::unsetenv("CRASH_RANK");
+  EXPECT_EQ(r.status, 13) << r.output;
+  expect_has(r.output, "root cause: rank 2");
+  expect_has(r.output, "exited with code 13");
+  expect_has(r.output, "rank 2 crashing");
+  EXPECT_TRUE(sgpu::testing::processes_with(marker).empty());
+}
+
+TEST(SgpuRun, TimeoutExits124) {
+  const Result r =
+      sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "1", "--", "sleep", "60"});
+  EXPECT_EQ(r.status, 124) << r.output;
+  expect_has(r.output, "ranks still running: 0, 1");
+}
+
+TEST(SgpuRun, MismatchExits3BeforeStartingAnything) {
+  const Result r =
+      sgpu({"run", "--gpus", "2", "--backend", "sim", "--gpu-type", "A10", "--", "true"});
+  EXPECT_EQ(r.status, 3) << r.output;
+  expect_has(r.output, "gpu_type \"A10\" requested but this node has 8 x H100");
+}
+
+TEST(SgpuRun, BadFlagsExit2WithUsage) {
+  Result r = sgpu({"run", "--gpus", "two", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--gpus");
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "soon", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--timeout takes seconds or none");
+  r = sgpu({"launch"});
+  EXPECT_EQ(r.status, 2) << r.output;
+}
+
+TEST(SgpuRun, SignalDeathExits128PlusSignal) {
+  const Result r =
+      sgpu({"run", "--gpus", "1", "--backend", "sim", "--", "sh", "-c", "kill -SEGV $$"});
+  EXPECT_EQ(r.status, 139) << r.output;
+  expect_has(r.output, "SIGSEGV");
+}
+
+TEST(SgpuInfo, ListsTheBackends) {
+  const Result r = sgpu({"info"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  expect_has(r.output, "backend sim: 8 x H100");
+  expect_has(r.output, "libtorch");
+}
+
+TEST(SgpuHelp, EveryCommandHasHelpWithExamples) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--help"}, std::vector<std::string>{"run", "--help"}}) {
+    const Result r = sgpu(args);
+    EXPECT_EQ(r.status, 0) << r.output;
+    expect_has(r.output, "sgpu run --gpus");
+  }
+}
+
+}  // namespace
