@@ -23,8 +23,13 @@ constexpr int kMismatch = 3;
 constexpr int kTimedOut = 124;
 
 int info() {
-  std::cout << "sgpu " << SGPU_VERSION << " (libtorch " << SGPU_TORCH_VERSION << ", built "
-            << (SGPU_WITH_CUDA ? "with" : "without") << " CUDA)\n";
+  std::cout << "sgpu " << SGPU_VERSION << ", libtorch " << SGPU_TORCH_VERSION;
+  if (SGPU_WITH_CUDA) {
+    std::cout << ", built with CUDA " << SGPU_CUDA_VERSION << " and NCCL " << SGPU_NCCL_VERSION;
+  } else {
+    std::cout << ", built without CUDA";
+  }
+  std::cout << "\n";
   for (const auto& entry : sgpu::backend::backend_table()) {
     const auto inventory = sgpu::backend::find_backend(entry.name).inventory(sgpu::Options{});
     std::cout << "backend " << entry.name << ": " << inventory.summary();
