@@ -6,16 +6,32 @@
 
 namespace sgpu::launcher {
 
+namespace {
+
+bool own_failure(const RankFailure& row) {
+  return row.kind == RankFailure::Kind::kException || row.kind == RankFailure::Kind::kExitCode ||
+         row.kind == RankFailure::Kind::kSignal || row.kind == RankFailure::Kind::kBadResult;
+}
+
+// A collective that fails because a peer died ("Connection closed by peer") raises one of
+// these in every surviving rank, often before the monitor has even seen the peer's exit.
+bool collective_error(const RankFailure& row) {
+  return row.kind == RankFailure::Kind::kException &&
+         (row.exception_type.rfind("gloo::", 0) == 0 ||
+          row.exception_type.rfind("c10::Dist", 0) == 0);
+}
+
+}  // namespace
+
 int mark_root_cause(std::vector<RankFailure>& ranks) {
+  // The earliest own failure that is not a collective error; failing that, the earliest.
   int root = -1;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const auto kind = ranks[i].kind;
-    const bool own_failure =
-        kind == RankFailure::Kind::kException || kind == RankFailure::Kind::kExitCode ||
-        kind == RankFailure::Kind::kSignal || kind == RankFailure::Kind::kBadResult;
-    if (!own_failure) continue;
-    if (root < 0 || ranks[i].time < ranks[static_cast<std::size_t>(root)].time) {
-      root = static_cast<int>(i);
+  for (int pass = 0; pass < 2 && root < 0; ++pass) {
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (!own_failure(ranks[i]) || (pass == 0 && collective_error(ranks[i]))) continue;
+      if (root < 0 || ranks[i].time < ranks[static_cast<std::size_t>(root)].time) {
+        root = static_cast<int>(i);
+      }
     }
   }
   if (root >= 0) ranks[static_cast<std::size_t>(root)].root_cause = true;

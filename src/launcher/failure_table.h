@@ -10,8 +10,9 @@
 
 namespace sgpu::launcher {
 
-// Marks the earliest own failure (exception, exit code, signal, bad result) as the root
-// cause; returns its index or -1.
+// Marks the root cause: the earliest own failure (exception, exit code, signal, bad
+// result), passing over collective errors (gloo::*, c10::Dist*) a peer's death causes in
+// the others, unless nothing else failed. Returns its index or -1.
 int mark_root_cause(std::vector<RankFailure>& ranks);
 
 std::string format_failure(const std::string& headline, const std::vector<RankFailure>& ranks,
