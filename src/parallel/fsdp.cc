@@ -1,0 +1,267 @@
+#include "parallel/fsdp.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <unordered_set>
+
+#include "sgpu/errors.h"
+
+namespace sgpu::parallel::detail {
+namespace {
+
+constexpr std::int64_t kBroadcastBucketBytes = std::int64_t{250} << 20;
+
+std::string shape_string(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+FsdpEngine::FsdpEngine(torch::nn::Module& root,
+                       const std::vector<std::shared_ptr<torch::nn::Module>>& units,
+                       FsdpOptions options, c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : root_(root), group_(std::move(group)) {
+  const std::int64_t world = group_->getSize();
+  const std::int64_t rank = group_->getRank();
+  const auto named = root_.named_parameters();
+  if (options.sync_module_states) {
+    std::vector<at::Tensor> state = root_.parameters();
+    for (const auto& buffer : root_.buffers()) state.push_back(buffer);
+    if (!state.empty()) {
+      torch::NoGradGuard no_grad;
+      c10d::broadcast_coalesced(group_, state, kBroadcastBucketBytes, 0);
+    }
+  }
+
+  std::vector<const torch::nn::Module*> unit_list;
+  if (units.empty()) {
+    for (const auto& child : root_.children()) {
+      if (!child->parameters().empty()) unit_list.push_back(child.get());
+    }
+  } else {
+    for (const auto& unit : units) unit_list.push_back(unit.get());
+  }
+  unit_list.push_back(&root_);  // what no other unit holds
+
+  std::unordered_set<const c10::TensorImpl*> taken;
+  for (const torch::nn::Module* module : unit_list) {
+    std::unordered_set<const c10::TensorImpl*> mine;
+    for (const auto& p : module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+    UnitShard unit;
+    std::vector<at::Tensor> tensors;
+    for (const auto& item : named) {
+      const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      if (!mine.count(impl) || taken.count(impl)) continue;
+      taken.insert(impl);
+      const at::Tensor& p = item.value();
+      if (!tensors.empty() &&
+          (p.scalar_type() != tensors[0].scalar_type() || p.device() != tensors[0].device())) {
+        throw Error("sgpu FullyShardedDataParallel: parameter '" + item.key() + "' is " +
+                    std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
+                    " but '" + unit.params[0].name + "' of the same unit is " +
+                    std::string(c10::toString(tensors[0].scalar_type())) + " on " +
+                    tensors[0].device().str() +
+                    "; a unit's parameters must share dtype and device (make them units of "
+                    "their own)");
+      }
+      unit.params.push_back({item.key(), p.sizes().vec(), unit.flat_numel, p.numel()});
+      unit.flat_numel += p.numel();
+      tensors.push_back(p);
+    }
+    if (tensors.empty()) {
+      if (module != &root_ && !units.empty()) {
+        throw Error(
+            "sgpu FullyShardedDataParallel: a unit given holds no parameter of the "
+            "wrapped module that another unit does not already hold; units must be "
+            "submodules of the wrapped module");
+      }
+      continue;
+    }
+    unit.padded_numel = (unit.flat_numel + world - 1) / world * world;
+    const std::int64_t shard_numel = unit.padded_numel / world;
+    unit.shard_offset = rank * shard_numel;
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<at::Tensor> flat_parts;
+      for (const auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1));
+      at::Tensor flat = at::cat(flat_parts);
+      if (unit.padded_numel > unit.flat_numel) {
+        flat = at::cat({flat, at::zeros({unit.padded_numel - unit.flat_numel}, flat.options())});
+      }
+      unit.data = flat.narrow(0, unit.shard_offset, shard_numel).clone();
+    }
+    unit.data.set_requires_grad(true);
+    units_.push_back(std::move(unit));
+    module_params_.push_back(std::move(tensors));
+    unit_modules_.push_back(module);
+    gathered_.push_back(true);
+  }
+  free_all();
+}
+
+std::vector<int> FsdpEngine::units_in(const torch::nn::Module& module, bool children) const {
+  std::unordered_set<const torch::nn::Module*> scope{&module};
+  if (children) {
+    for (const auto& m : module.modules(/*include_self=*/false)) scope.insert(m.get());
+  }
+  std::vector<int> out;
+  for (size_t i = 0; i < unit_modules_.size(); ++i) {
+    if (scope.count(unit_modules_[i]) && (children || unit_modules_[i] == &module)) {
+      out.push_back(static_cast<int>(i));
+    }
+  }
+  return out;
+}
+
+void FsdpEngine::gather(int index) {
+  if (gathered_[index]) return;
+  UnitShard& unit = units_[index];
+  at::Tensor full = at::empty({unit.padded_numel}, unit.data.options().requires_grad(false));
+  at::Tensor shard = unit.data.detach();
+  group_->_allgather_base(full, shard)->wait();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const FlatParamInfo& info = unit.params[i];
+    module_params_[index][i].set_data(full.narrow(0, info.offset, info.numel).view(info.shape));
+  }
+  gathered_[index] = true;
+}
+
+void FsdpEngine::gather_all() {
+  for (size_t i = 0; i < units_.size(); ++i) gather(static_cast<int>(i));
+}
+
+void FsdpEngine::free(int index) {
+  if (!gathered_[index]) return;
+  torch::NoGradGuard no_grad;
+  for (auto& p : module_params_[index])
+    p.set_data(at::empty({0}, p.options().requires_grad(false)));
+  gathered_[index] = false;
+}
+
+void FsdpEngine::free_all() {
+  for (size_t i = 0; i < units_.size(); ++i) free(static_cast<int>(i));
+}
+
+void FsdpEngine::expect_backward(at::Tensor& output) {
+  if (!output.requires_grad()) {
+    free_all();
+    return;
+  }
+  ++pending_backwards_;
+  output.register_hook([this](const at::Tensor&) {
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  });
+}
+
+void FsdpEngine::finish_backward() {
+  pending_backwards_ = std::max(0, pending_backwards_ - 1);
+  const std::int64_t world = group_->getSize();
+  std::vector<int> reduced;
+  std::vector<at::Tensor> outputs;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!gathered_[u]) continue;
+    UnitShard& unit = units_[u];
+    at::Tensor flat = at::zeros({unit.padded_numel}, unit.data.options().requires_grad(false));
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      at::Tensor& p = module_params_[u][i];
+      if (p.grad().defined()) {
+        flat.narrow(0, unit.params[i].offset, unit.params[i].numel).copy_(p.grad().reshape(-1));
+        p.mutable_grad().reset();
+      }
+    }
+    outputs.push_back(at::empty({unit.padded_numel / world}, flat.options()));
+    works.push_back(group_->_reduce_scatter_base(outputs.back(), flat));
+    reduced.push_back(static_cast<int>(u));
+  }
+  for (size_t k = 0; k < works.size(); ++k) {
+    works[k]->wait();
+    at::Tensor grad = outputs[k].div_(static_cast<double>(world));
+    UnitShard& unit = units_[reduced[k]];
+    if (unit.data.grad().defined()) {
+      unit.data.mutable_grad().add_(grad);
+    } else {
+      unit.data.mutable_grad() = grad;
+    }
+  }
+  if (pending_backwards_ == 0) free_all();
+}
+
+std::vector<at::Tensor> FsdpEngine::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& unit : units_) out.push_back(unit.data);
+  return out;
+}
+
+StateDict FsdpEngine::full_state_dict(bool rank0_only) {
+  const bool keep = !rank0_only || group_->getRank() == 0;
+  StateDict out;
+  for (auto& unit : units_) {
+    at::Tensor full = at::empty({unit.padded_numel}, unit.data.options().requires_grad(false));
+    at::Tensor shard = unit.data.detach();
+    group_->_allgather_base(full, shard)->wait();
+    if (!keep) continue;
+    for (const auto& info : unit.params) {
+      out[info.name] = full.narrow(0, info.offset, info.numel).view(info.shape).clone();
+    }
+  }
+  if (keep) {
+    for (const auto& item : root_.named_buffers()) out[item.key()] = item.value().detach().clone();
+  }
+  return out;
+}
+
+void FsdpEngine::load_full_state_dict(const StateDict& state) {
+  torch::NoGradGuard no_grad;
+  std::unordered_set<std::string> known;
+  for (const auto& unit : units_) {
+    for (const auto& info : unit.params) known.insert(info.name);
+  }
+  for (const auto& item : root_.named_buffers()) known.insert(item.key());
+  for (const auto& [name, tensor] : state) {
+    if (!known.count(name)) {
+      throw Error("sgpu FullyShardedDataParallel: the state to load has a tensor '" + name +
+                  "' that the model has no parameter or buffer for");
+    }
+  }
+  // Every tensor is checked before any is loaded.
+  std::vector<at::Tensor> flats;
+  for (auto& unit : units_) {
+    at::Tensor flat = at::zeros({unit.padded_numel}, unit.data.options().requires_grad(false));
+    for (const auto& info : unit.params) {
+      const auto found = state.find(info.name);
+      if (found == state.end()) {
+        throw Error("sgpu FullyShardedDataParallel: the state to load has no tensor '" + info.name +
+                    "', which the model has (shape " + shape_string(info.shape) + ")");
+      }
+      const at::Tensor& t = found->second;
+      if (t.sizes().vec() != info.shape) {
+        throw Error("sgpu FullyShardedDataParallel: tensor '" + info.name + "' to load has shape " +
+                    shape_string(t.sizes()) + " but the model's has " + shape_string(info.shape));
+      }
+      if (t.scalar_type() != unit.data.scalar_type()) {
+        throw Error("sgpu FullyShardedDataParallel: tensor '" + info.name + "' to load is " +
+                    std::string(c10::toString(t.scalar_type())) + " but the model's is " +
+                    std::string(c10::toString(unit.data.scalar_type())));
+      }
+      flat.narrow(0, info.offset, info.numel).copy_(t.reshape(-1));
+    }
+    flats.push_back(flat);
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].data.copy_(flats[u].narrow(0, units_[u].shard_offset, units_[u].data.numel()));
+  }
+  for (auto& item : root_.named_buffers()) {
+    const auto found = state.find(item.key());
+    if (found == state.end()) continue;
+    item.value().copy_(found->second);
+  }
+}
+
+}  // namespace sgpu::parallel::detail

@@ -1,0 +1,426 @@
+// The training strategies against one process: DDP, FSDP, ZeRO-1 and ZeRO-2 on 1 to 4
+// simulated ranks end with the parameters one process reaches on the concatenated batch
+// (in double precision); FSDP and ZeRO hold 1/N of what DDP holds; no_sync accumulates;
+// and the errors a user meets when ranks or configs disagree.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/ddp.h"
+#include "parallel/fsdp.h"
+#include "parallel/zero.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+namespace F = torch::nn::functional;
+using sgpu::parallel::DistributedDataParallel;
+using sgpu::parallel::FullyShardedDataParallel;
+using sgpu::parallel::ZeroConfig;
+using sgpu::parallel::ZeroOptimizer;
+
+struct Case {
+  int world = 1;
+  int seed = 0;
+  std::vector<int> widths;  // in, hidden..., out
+  int batch = 1;            // rows per rank per micro-batch
+  int steps = 1;
+  int accumulation = 1;  // micro-batches per step
+  bool adam = false;
+  double clip = 0;  // max global gradient norm, 0: none
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(world, seed, widths, batch, steps, accumulation, adam, clip);
+  }
+};
+
+torch::nn::Sequential make_model(const Case& c) {
+  torch::manual_seed(c.seed);
+  torch::nn::Sequential model;
+  for (size_t i = 0; i + 1 < c.widths.size(); ++i) {
+    model->push_back(torch::nn::Linear(c.widths[i], c.widths[i + 1]));
+    if (i + 2 < c.widths.size()) model->push_back(torch::nn::Tanh());
+  }
+  model->to(torch::kDouble);
+  return model;
+}
+
+// Inputs and targets of every micro-batch of every step, all ranks' rows together.
+std::pair<at::Tensor, at::Tensor> make_data(const Case& c) {
+  torch::manual_seed(c.seed + 7919);
+  const int64_t rows = int64_t{c.steps} * c.accumulation * c.world * c.batch;
+  auto options = torch::TensorOptions().dtype(torch::kDouble);
+  return {torch::randn({rows, c.widths.front()}, options),
+          torch::randn({rows, c.widths.back()}, options)};
+}
+
+// Micro-batch m of step s: the rows of `rank`, or of every rank when rank < 0.
+at::Tensor rows_of(const at::Tensor& all, const Case& c, int step, int micro, int rank) {
+  const int64_t per_micro = int64_t{c.world} * c.batch;
+  const int64_t start = (int64_t{step} * c.accumulation + micro) * per_micro;
+  if (rank < 0) return all.narrow(0, start, per_micro);
+  return all.narrow(0, start + int64_t{rank} * c.batch, c.batch);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Case& c,
+                                                        std::vector<at::Tensor> params) {
+  if (c.adam) return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+ZeroConfig zero_config(const Case& c, int stage) {
+  const std::string optimizer =
+      c.adam ? R"({"type": "Adam", "params": {"lr": 0.01, "adam_w_mode": false}})"
+             : R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})";
+  return ZeroConfig::parse(R"({"train_micro_batch_size_per_gpu": )" + std::to_string(c.batch) +
+                           R"(, "gradient_accumulation_steps": )" + std::to_string(c.accumulation) +
+                           R"(, "gradient_clipping": )" + std::to_string(c.clip) +
+                           R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
+                           R"(}, "optimizer": )" + optimizer + "}");
+}
+
+std::vector<double> flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<double> out;
+  for (const auto& t : tensors) {
+    const at::Tensor c = t.detach().to(torch::kDouble).contiguous().reshape(-1);
+    out.insert(out.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  return out;
+}
+
+// Clips the gradients of `params` as torch.nn.utils.clip_grad_norm_ does.
+void clip(const Case& c, const std::vector<at::Tensor>& params) {
+  if (c.clip > 0) torch::nn::utils::clip_grad_norm_(params, c.clip);
+}
+
+// One process, the concatenated batch: what every strategy must reach.
+std::vector<double> train_one_process(const Case& c) {
+  auto model = make_model(c);
+  auto [x, y] = make_data(c);
+  auto optimizer = make_optimizer(c, model->parameters());
+  for (int s = 0; s < c.steps; ++s) {
+    optimizer->zero_grad();
+    for (int m = 0; m < c.accumulation; ++m) {
+      auto loss = F::mse_loss(model->forward(rows_of(x, c, s, m, -1)), rows_of(y, c, s, m, -1));
+      (loss / c.accumulation).backward();
+    }
+    clip(c, model->parameters());
+    optimizer->step();
+  }
+  return flatten(model->parameters());
+}
+
+// In each rank: the final parameters under DDP, FSDP, ZeRO-1 and ZeRO-2, in that order.
+std::vector<std::vector<double>> train_every_strategy(Case c) {
+  const int rank = sgpu::global_rank();
+  auto [x, y] = make_data(c);
+  std::vector<std::vector<double>> out;
+  {
+    DistributedDataParallel ddp(make_model(c));
+    auto optimizer = make_optimizer(c, ddp.parameters());
+    for (int s = 0; s < c.steps; ++s) {
+      optimizer->zero_grad();
+      for (int m = 0; m < c.accumulation; ++m) {
+        auto micro = [&] {
+          auto loss =
+              F::mse_loss(ddp.forward(rows_of(x, c, s, m, rank)), rows_of(y, c, s, m, rank));
+          (loss / c.accumulation).backward();
+        };
+        if (m + 1 < c.accumulation) {
+          auto guard = ddp.no_sync();
+          micro();
+        } else {
+          micro();
+        }
+      }
+      clip(c, ddp.parameters());
+      optimizer->step();
+    }
+    out.push_back(flatten(ddp.parameters()));
+  }
+  {
+    FullyShardedDataParallel fsdp(make_model(c));
+    auto optimizer = make_optimizer(c, fsdp.parameters());
+    for (int s = 0; s < c.steps; ++s) {
+      optimizer->zero_grad();
+      for (int m = 0; m < c.accumulation; ++m) {
+        auto loss = F::mse_loss(fsdp.forward(rows_of(x, c, s, m, rank)), rows_of(y, c, s, m, rank));
+        (loss / c.accumulation).backward();
+      }
+      if (c.clip > 0) {
+        // The global norm over the shards: each element is in exactly one shard.
+        at::Tensor sq = torch::zeros({1}, torch::kDouble);
+        for (const auto& p : fsdp.parameters()) sq += p.grad().pow(2).sum();
+        std::vector<at::Tensor> all{sq};
+        sgpu::parallel::default_group()->allreduce(all)->wait();
+        const double coefficient = c.clip / (std::sqrt(all[0].item<double>()) + 1e-6);
+        if (coefficient < 1) {
+          for (auto& p : fsdp.parameters()) p.mutable_grad().mul_(coefficient);
+        }
+      }
+      optimizer->step();
+    }
+    auto state = fsdp.full_state_dict(/*rank0_only=*/false);
+    std::vector<at::Tensor> ordered;
+    for (const auto& item : make_model(c)->named_parameters())
+      ordered.push_back(state.at(item.key()));
+    out.push_back(flatten(ordered));
+  }
+  for (int stage : {1, 2}) {
+    auto model = make_model(c);
+    ZeroOptimizer zero(model->parameters(), zero_config(c, stage));
+    for (int s = 0; s < c.steps; ++s) {
+      for (int m = 0; m < c.accumulation; ++m) {
+        zero.backward(
+            F::mse_loss(model->forward(rows_of(x, c, s, m, rank)), rows_of(y, c, s, m, rank)));
+        if (zero.step() != (m + 1 == c.accumulation)) {
+          throw std::logic_error("ZeRO stepped off the accumulation boundary at micro-batch " +
+                                 std::to_string(m));
+        }
+      }
+    }
+    out.push_back(flatten(model->parameters()));
+  }
+  return out;
+}
+
+sgpu::Options sim(int gpus) {
+  sgpu::Options options;
+  options.gpus = gpus;
+  options.backend = "sim";
+  options.console_ranks = std::vector<int>{};
+  return options;
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-5 * std::abs(b) + 1e-12; }
+
+RC_GTEST_PROP(Strategies, EndWithTheParametersOfOneProcessOnTheConcatenatedBatch, ()) {
+  Case c;
+  c.world = *rc::gen::inRange(1, 5);
+  c.seed = *rc::gen::inRange(0, 1 << 20);
+  const int layers = *rc::gen::inRange(1, 4);
+  for (int i = 0; i <= layers; ++i) c.widths.push_back(*rc::gen::inRange(1, 9));
+  c.batch = *rc::gen::inRange(1, 4);
+  c.steps = *rc::gen::inRange(1, 4);
+  c.accumulation = *rc::gen::inRange(1, 3);
+  c.adam = *rc::gen::arbitrary<bool>();
+  c.clip = *rc::gen::element(0.0, 0.05);
+  const std::vector<double> expected = train_one_process(c);
+  const auto results = sgpu::distributed(train_every_strategy, sim(c.world)).distributed(c);
+  const char* names[] = {"DDP", "FSDP", "ZeRO-1", "ZeRO-2"};
+  for (int rank = 0; rank < c.world; ++rank) {
+    RC_ASSERT(results[rank].size() == 4u);
+    for (int s = 0; s < 4; ++s) {
+      const std::vector<double>& got = results[rank][s];
+      RC_ASSERT(got.size() == expected.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!close(got[i], expected[i])) {
+          RC_FAIL(std::string(names[s]) + " on rank " + std::to_string(rank) + ": parameter " +
+                  std::to_string(i) + " is " + std::to_string(got[i]) + ", one process has " +
+                  std::to_string(expected[i]));
+        }
+      }
+    }
+  }
+}
+
+// Bytes of parameters, gradients and optimizer state a rank holds after a step.
+struct Held {
+  std::vector<double> bytes;  // DDP, FSDP, ZeRO-1, ZeRO-2: params, grads, state
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(bytes);
+  }
+};
+
+double bytes_of(const std::vector<at::Tensor>& tensors) {
+  double total = 0;
+  for (const auto& t : tensors) {
+    if (t.defined()) total += static_cast<double>(t.numel() * t.element_size());
+  }
+  return total;
+}
+
+double grad_bytes(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  return bytes_of(grads);
+}
+
+double state_bytes(torch::optim::Optimizer& optimizer) {
+  double total = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+      total += bytes_of({adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()});
+    }
+  }
+  return total;
+}
+
+Held memory_held(int seed) {
+  Case c;
+  c.world = sgpu::world_size();
+  c.seed = seed;
+  c.widths = {64, 128, 128, 64};
+  c.adam = true;
+  auto [x, y] = make_data(c);
+  const int rank = sgpu::global_rank();
+  Held held;
+  auto step_on = [&](auto& model, std::vector<at::Tensor> optimized,
+                     std::vector<at::Tensor> counted) {
+    auto optimizer = make_optimizer(c, optimized);
+    F::mse_loss(model.forward(rows_of(x, c, 0, 0, rank)), rows_of(y, c, 0, 0, rank)).backward();
+    optimizer->step();
+    held.bytes.push_back(bytes_of(counted));
+    held.bytes.push_back(grad_bytes(counted));
+    held.bytes.push_back(state_bytes(*optimizer));
+  };
+  DistributedDataParallel ddp(make_model(c));
+  step_on(ddp, ddp.parameters(), ddp.parameters());
+  FullyShardedDataParallel fsdp(make_model(c));
+  // The module's own parameters (freed between steps) and the rank's shards.
+  std::vector<at::Tensor> counted = fsdp.module()->parameters();
+  for (const auto& shard : fsdp.parameters()) counted.push_back(shard);
+  step_on(fsdp, fsdp.parameters(), counted);
+  for (int stage : {1, 2}) {
+    auto model = make_model(c);
+    ZeroOptimizer zero(model->parameters(), zero_config(c, stage));
+    zero.backward(
+        F::mse_loss(model->forward(rows_of(x, c, 0, 0, rank)), rows_of(y, c, 0, 0, rank)));
+    // Between the backward and the step: what stage 2 has freed and stage 1 has not.
+    held.bytes.push_back(bytes_of(model->parameters()));
+    held.bytes.push_back(grad_bytes(model->parameters()) + grad_bytes({zero.partition()}));
+    zero.step();
+    held.bytes.push_back(state_bytes(zero.optimizer()));
+  }
+  return held;
+}
+
+TEST(Strategies, ShardedStrategiesHoldOneNthOfWhatDdpHolds) {
+  constexpr int kWorld = 4;
+  const auto held = sgpu::distributed(memory_held, sim(kWorld)).distributed(3);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const auto& b = held[rank].bytes;
+    ASSERT_EQ(b.size(), 12u);
+    const double ddp_params = b[0], ddp_grads = b[1], ddp_state = b[2];
+    ASSERT_GT(ddp_params, 0);
+    ASSERT_EQ(ddp_grads, ddp_params);
+    ASSERT_EQ(ddp_state, 2 * ddp_params);  // Adam: two moments per parameter
+    auto near_nth = [&](double got, double ddp) {
+      return std::abs(got - ddp / kWorld) <= 0.1 * ddp / kWorld;
+    };
+    // FSDP: parameters, gradients and optimizer state all sharded.
+    EXPECT_PRED2(near_nth, b[3], ddp_params) << "rank " << rank << " FSDP parameters";
+    EXPECT_PRED2(near_nth, b[4], ddp_grads) << "rank " << rank << " FSDP gradients";
+    EXPECT_PRED2(near_nth, b[5], ddp_state) << "rank " << rank << " FSDP optimizer state";
+    // ZeRO-1: optimizer state sharded; parameters and gradients whole.
+    EXPECT_EQ(b[6], ddp_params);
+    EXPECT_EQ(b[7], ddp_grads);
+    EXPECT_PRED2(near_nth, b[8], ddp_state) << "rank " << rank << " ZeRO-1 optimizer state";
+    // ZeRO-2: gradients sharded as well.
+    EXPECT_EQ(b[9], ddp_params);
+    EXPECT_PRED2(near_nth, b[10], ddp_grads) << "rank " << rank << " ZeRO-2 gradients";
+    EXPECT_PRED2(near_nth, b[11], ddp_state) << "rank " << rank << " ZeRO-2 optimizer state";
+  }
+}
+
+int different_models(int) {
+  Case c;
+  c.widths = {4, sgpu::global_rank() == 1 ? 5 : 6, 2};
+  DistributedDataParallel ddp(make_model(c));
+  return 0;
+}
+
+TEST(Strategies, DdpSaysWhenRanksBuiltDifferentModels) {
+  try {
+    sgpu::distributed(different_models, sim(2)).distributed(0);
+    FAIL() << "expected a DistributedError";
+  } catch (const sgpu::DistributedError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the model differs between ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("every rank must build the same model"), std::string::npos) << what;
+  }
+}
+
+int zero_with_batch(int train_batch_size) {
+  auto model = make_model(Case{1, 0, {2, 2}});
+  ZeroOptimizer zero(
+      model->parameters(),
+      ZeroConfig::parse(
+          R"({"train_batch_size": )" + std::to_string(train_batch_size) +
+          R"(, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"));
+  return 0;
+}
+
+TEST(Strategies, ZeroChecksTheBatchSizeAgainstTheWorld) {
+  EXPECT_EQ(sgpu::distributed(zero_with_batch, sim(2)).distributed(16), (std::vector<int>{0, 0}));
+  try {
+    sgpu::distributed(zero_with_batch, sim(2)).distributed(32);
+    FAIL() << "expected a DistributedError";
+  } catch (const sgpu::DistributedError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "'train_batch_size' is 32 but train_micro_batch_size_per_gpu (4) x "
+                  "gradient_accumulation_steps (2) x world size (2) is 16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+void expect_config_error(const std::string& json, const std::string& fragment) {
+  try {
+    ZeroConfig::parse(json);
+    ADD_FAILURE() << "expected a ConfigError for " << json;
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(ZeroConfigParse, ReadsDeepSpeedKeys) {
+  const ZeroConfig c = ZeroConfig::parse(R"({
+    "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.5, "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                                              "weight_decay": 0.1}}})");
+  EXPECT_EQ(c.train_batch_size, 64);
+  EXPECT_EQ(c.micro_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.gradient_clipping, 1.5);
+  EXPECT_EQ(c.stage, 2);
+  EXPECT_EQ(c.optimizer, "AdamW");
+  EXPECT_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.betas[0], 0.8);
+  EXPECT_EQ(c.betas[1], 0.95);
+  EXPECT_EQ(c.eps, 1e-6);
+  EXPECT_EQ(c.weight_decay, 0.1);
+}
+
+TEST(ZeroConfigParse, NamesTheKeyItDoesNotUnderstand) {
+  expect_config_error(R"({"fp16": {"enabled": true}})", "'fp16' is not supported");
+  expect_config_error(R"({"zero_optimization": {"stage": 2, "overlap_comm": true}})",
+                      "'zero_optimization.overlap_comm' is not supported");
+  expect_config_error(R"({"zero_optimization": {"stage": 3}})", "'zero_optimization.stage' is 3");
+  expect_config_error(R"({"optimizer": {"type": "Lamb"}})", "'optimizer.type' is \"Lamb\"");
+  expect_config_error(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.9]}}})",
+                      "'optimizer.params.betas' is not supported");
+  expect_config_error(R"({"optimizer": {"params": {"lr": "fast"}}})",
+                      "'optimizer.params.lr' has the wrong type");
+  expect_config_error(R"({"optimizer": {"params": {"lr": -1}}})",
+                      "'optimizer.params.lr' must be a positive");
+  expect_config_error(R"({"gradient_accumulation_steps": 0})",
+                      "'gradient_accumulation_steps' must be positive");
+  expect_config_error(R"([1, 2])", "must be a JSON object");
+  expect_config_error(R"({"stage": )", "not valid JSON");
+}
+
+}  // namespace
