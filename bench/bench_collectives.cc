@@ -363,6 +363,8 @@ int main(int argc, char** argv) {
       "Collective throughput (nccl-tests' algbw and busbw) through sgpu, against "
       "plain libtorch processes (the floor), in one run. Google Benchmark's own "
       "--benchmark_* flags pass through."};
+  // A flag given twice takes its last value, so callers can preset and users override.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
       "Examples:\n"
       "  bench_collectives --backend sim --gpus 4 --max-bytes 16M\n"
