@@ -1,12 +1,19 @@
 // The sgpu command:
 //   sgpu info                               backends, GPUs, versions
 //   sgpu run [options] -- PROGRAM ARGS...   PROGRAM on N ranks, as torchrun would start it
+//   sgpu bench collectives [options]        collective throughput (bench_collectives)
 //
 // Exit status of `sgpu run`: 0 when every rank succeeded; else the root-cause rank's exit
 // code, or 128+signal when a signal killed it; 124 on timeout; 3 for an accelerator
 // mismatch; 2 for bad flags or options. Interrupted (Ctrl-C, SIGTERM), it tears the ranks
 // down and dies of the signal.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -73,6 +80,25 @@ int run(sgpu::Options options, const std::vector<std::string>& command) {
   }
 }
 
+// Replaces this process with bench_collectives (next to this binary, or
+// SGPU_BENCH_COLLECTIVES), which launches its ranks through sgpu itself.
+int bench_collectives(const std::vector<std::string>& args) {
+  const char* env = std::getenv("SGPU_BENCH_COLLECTIVES");
+  const std::string program =
+      env != nullptr && *env != '\0'
+          ? env
+          : (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "bench_collectives")
+                .string();
+  std::vector<char*> argv{const_cast<char*>(program.c_str())};
+  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  ::execv(program.c_str(), argv.data());
+  std::cerr << "sgpu bench collectives: cannot run " << program << ": " << std::strerror(errno)
+            << " (build it with `ninja -C build bench_collectives`, or set "
+               "SGPU_BENCH_COLLECTIVES to its path)\n";
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,7 +109,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  sgpu info\n"
       "  sgpu run --gpus 8 --gpu-type H100 -- python train.py --epochs 3\n"
-      "  sgpu run --gpus 4 --backend sim --timeout 600 -- ./my_benchmark");
+      "  sgpu run --gpus 4 --backend sim --timeout 600 -- ./my_benchmark\n"
+      "  sgpu bench collectives --gpus 8 --ops allreduce --max-bytes 1G");
 
   app.add_subcommand("info", "Show the backends built in, the GPUs they see, and versions");
 
@@ -109,6 +136,29 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--run-name", run_name, "Name shown in errors");
   run_cmd->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Run sgpu's benchmarks");
+  bench_cmd->require_subcommand(1);
+  CLI::App* collectives_cmd = bench_cmd->add_subcommand(
+      "collectives",
+      "Collective throughput (nccl-tests' algbw, busbw) through sgpu against plain libtorch");
+  collectives_cmd->footer(
+      "Other flags go to bench_collectives: --min-bytes, --max-bytes, --ops, --dtypes,\n"
+      "--warmup, --iters, --no-floor, --table FILE and Google Benchmark's --benchmark_*\n"
+      "(see bench_collectives --help). Exit status: 0; 1 when a result was wrong or a sweep\n"
+      "failed; 2 for bad flags.\n"
+      "Examples:\n"
+      "  sgpu bench collectives --gpus 8 --gpu-type H100\n"
+      "  sgpu bench collectives --gpus 4 --backend sim --ops allreduce,allgather --max-bytes 16M\n"
+      "  sgpu bench collectives --benchmark_repetitions=5 --benchmark_out=run.json "
+      "--benchmark_out_format=json");
+  collectives_cmd->allow_extras();
+  int bench_gpus = 0;
+  std::string bench_gpu_type, bench_backend, bench_timeout;
+  collectives_cmd->add_option("--gpus", bench_gpus, "Ranks (default: every GPU of the node)");
+  collectives_cmd->add_option("--gpu-type", bench_gpu_type, "GPU type the node must have");
+  collectives_cmd->add_option("--backend", bench_backend, "auto, cuda or sim");
+  collectives_cmd->add_option("--timeout", bench_timeout, "Seconds per sweep, or none");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -117,6 +167,15 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (app.got_subcommand("info")) return info();
+  if (app.got_subcommand("bench")) {
+    std::vector<std::string> args;
+    if (bench_gpus != 0) args.insert(args.end(), {"--gpus", std::to_string(bench_gpus)});
+    if (!bench_gpu_type.empty()) args.insert(args.end(), {"--gpu-type", bench_gpu_type});
+    if (!bench_backend.empty()) args.insert(args.end(), {"--backend", bench_backend});
+    if (!bench_timeout.empty()) args.insert(args.end(), {"--timeout", bench_timeout});
+    for (const auto& extra : collectives_cmd->remaining()) args.push_back(extra);
+    return bench_collectives(args);
+  }
 
   sgpu::Options options;
   options.gpus = gpus;

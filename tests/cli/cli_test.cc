@@ -122,6 +122,30 @@ TEST(SgpuRun, SignalDeathExits128PlusSignal) {
   expect_has(r.output, "SIGSEGV");
 }
 
+TEST(SgpuBench, CollectivesRunsTheBenchmarkWithSgpuRunsOptions) {
+  const Result r = sgpu({"bench",    "collectives", "--gpus",      "2",        "--backend",
+                         "sim",      "--timeout",   "300",         "--ops",    "allreduce",
+                         "--dtypes", "float32",     "--min-bytes", "1K",       "--max-bytes",
+                         "2K",       "--iters",     "2",           "--warmup", "1"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  expect_has(r.output, "allreduce/float32/1024/sgpu");
+  expect_has(r.output, "allreduce/float32/2048/floor");
+  expect_has(r.output, "backend sim, 2 ranks");
+  expect_has(r.output, "vs_floor");
+}
+
+TEST(SgpuBench, BadFlagsExit2WithUsage) {
+  Result r = sgpu({"bench", "collectives", "--gpus", "two"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--gpus");
+  expect_has(r.output, "Usage");
+  r = sgpu({"bench", "collectives", "--backend", "sim", "--ops", "allsum"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "unknown allsum");
+  r = sgpu({"bench", "throughput"});
+  EXPECT_EQ(r.status, 2) << r.output;
+}
+
 TEST(SgpuInfo, ListsTheBackends) {
   const Result r = sgpu({"info"});
   EXPECT_EQ(r.status, 0) << r.output;
@@ -136,6 +160,10 @@ TEST(SgpuHelp, EveryCommandHasHelpWithExamples) {
     EXPECT_EQ(r.status, 0) << r.output;
     expect_has(r.output, "sgpu run --gpus");
   }
+  const Result r = sgpu({"bench", "collectives", "--help"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  expect_has(r.output, "sgpu bench collectives --gpus 8");
+  expect_has(r.output, "--max-bytes");
 }
 
 }  // namespace

@@ -1,0 +1,472 @@
+// Collective throughput on N ranks, through sgpu, against the floor in the same run.
+//
+// For each operation and data type, one sgpu call runs the whole size sweep inside the
+// ranks (collectives/collective_sweep.h) and returns each rank's timings; the floor
+// (collectives/floor.h) runs the same sweep in plain libtorch processes just before it.
+// Each size is reported to Google Benchmark as `<op>/<dtype>/<bytes>/{floor,sgpu}` (Google
+// Benchmark appends `/iterations:1/manual_time`) with
+// manual time = the time per operation of the slowest rank (each rank's mean over the
+// timed iterations; a collective is as slow as its slowest rank), and the counters of
+// nccl-tests: algbw_GBps = bytes / time, busbw_GBps = algbw x bus factor, wrong (elements
+// of the first result that differ from the expected one, summed over ranks), and, on the
+// sgpu rows, vs_floor = floor time / sgpu time (1.0: no overhead). With
+// --benchmark_repetitions=K each repetition is a fresh sweep pair. A nccl-tests-like
+// table follows (medians over repetitions). Exit status 1 when a result was wrong or a
+// sweep failed; 2 for bad flags.
+#include <benchmark/benchmark.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend_table.h"
+#include "collectives/collective_sweep.h"
+#include "collectives/floor.h"
+#include "sgpu/config.h"
+#include "sgpu/process_group.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+using sgpu::bench::Collective;
+
+sgpu::bench::SweepResult collective_sweep(sgpu::bench::SweepSpec spec) {
+  return sgpu::bench::run_sweep(sgpu::process_group(), spec, sgpu::device());
+}
+
+struct Config {
+  std::string backend = "auto";
+  int gpus = 0;  // 0: every GPU of the node
+  std::string gpu_type;
+  std::string timeout = "3600";
+  std::string min_bytes = "8";
+  std::string max_bytes;  // empty: 256M on cuda, 64M on sim
+  std::vector<std::string> dtypes{"float32", "bfloat16"};
+  std::vector<std::string> ops{"allreduce", "allgather", "reducescatter",
+                               "broadcast", "alltoall",  "barrier"};
+  int warmup = 5;
+  int iters = 20;
+  bool no_floor = false;
+  std::string table_path;
+};
+
+// "8", "4K", "64M", "1G" (binary units, as nccl-tests reads -b and -e).
+std::int64_t parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  const long long number = std::stoll(text, &used);
+  const std::string unit = text.substr(used);
+  std::int64_t scale = 1;
+  if (unit == "K" || unit == "k") scale = std::int64_t{1} << 10;
+  if (unit == "M" || unit == "m") scale = std::int64_t{1} << 20;
+  if (unit == "G" || unit == "g") scale = std::int64_t{1} << 30;
+  if (number < 0 || (!unit.empty() && scale == 1)) throw std::invalid_argument(text);
+  return number * scale;
+}
+
+// One measurement of an (operation, data type): the floor's and sgpu's per-rank results.
+struct Measured {
+  std::vector<sgpu::bench::SweepResult> sgpu, floor;  // [rank][size]
+  std::string error;                                  // set when a sweep failed
+};
+
+struct SizeSummary {
+  double seconds = 0;  // the slowest rank's
+  std::int64_t wrong = 0;
+  std::string wrong_ranks;
+};
+
+SizeSummary summarise(const std::vector<sgpu::bench::SweepResult>& ranks, std::size_t size) {
+  SizeSummary summary;
+  for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+    const auto& timing = ranks[rank].at(size);
+    summary.seconds = std::max(summary.seconds, timing.seconds_per_op);
+    summary.wrong += timing.wrong;
+    if (timing.wrong > 0) summary.wrong_ranks += " " + std::to_string(rank);
+  }
+  return summary;
+}
+
+class CollectiveBench {
+ public:
+  CollectiveBench(Config config, sgpu::Options options, std::string backend, int ranks)
+      : config_(std::move(config)),
+        options_(std::move(options)),
+        backend_(std::move(backend)),
+        ranks_(ranks) {}
+
+  void register_all() {
+    const std::int64_t min = parse_bytes(config_.min_bytes);
+    const std::int64_t max = parse_bytes(config_.max_bytes);
+    for (const auto& op_name : config_.ops) {
+      const Collective op = *sgpu::bench::parse_collective(op_name);
+      for (const auto& dtype_name : config_.dtypes) {
+        const c10::ScalarType dtype = *sgpu::bench::parse_dtype(dtype_name);
+        sgpu::bench::SweepSpec spec;
+        spec.op = op;
+        spec.dtype = dtype;
+        spec.sizes = sgpu::bench::plan_sizes(op, dtype, ranks_, min, max);
+        spec.warmup = config_.warmup;
+        spec.iters = config_.iters;
+        specs_[{op, dtype}] = spec;
+        order_.emplace_back(op, dtype);
+        for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
+          if (!config_.no_floor) add(spec, i, /*floor=*/true);
+          add(spec, i, /*floor=*/false);
+        }
+        if (op == Collective::kBarrier) break;  // no data type
+      }
+    }
+  }
+
+  // Prints the nccl-tests-like table (medians over repetitions) to `out`.
+  void print_table(std::ostream& out) const {
+    out << "# sgpu collective benchmark: backend " << backend_ << ", " << ranks_
+        << " ranks; time = slowest rank's mean over " << config_.iters << " iterations after "
+        << config_.warmup << " warm-up; median over repetitions\n";
+    out << "#" << std::setw(14) << "op" << std::setw(10) << "type" << std::setw(12) << "size(B)"
+        << std::setw(12) << "count" << std::setw(12) << "time(us)" << std::setw(12) << "algbw"
+        << std::setw(12) << "busbw" << std::setw(8) << "#wrong" << std::setw(14) << "floor(us)"
+        << std::setw(14) << "floor_busbw" << std::setw(10) << "vs_floor"
+        << "\n";
+    out << "#" << std::setw(82) << "(GB/s)" << std::setw(12) << "(GB/s)" << std::setw(36)
+        << "(GB/s)"
+        << "\n";
+    out << std::fixed;
+    for (const auto& key : order_) {
+      const auto it = measured_.find(key);
+      if (it == measured_.end()) continue;
+      const auto& spec = specs_.at(key);
+      for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
+        std::vector<double> times, floors;
+        std::int64_t wrong = 0;
+        for (const Measured& m : it->second) {
+          if (!m.error.empty()) continue;
+          const SizeSummary s = summarise(m.sgpu, i);
+          times.push_back(s.seconds);
+          wrong += s.wrong;
+          if (!m.floor.empty()) floors.push_back(summarise(m.floor, i).seconds);
+        }
+        if (times.empty()) continue;
+        const double time = median(times);
+        const double bytes = static_cast<double>(spec.sizes[i].bytes);
+        const double factor = sgpu::bench::bus_factor(spec.op, ranks_);
+        const bool barrier = spec.op == Collective::kBarrier;
+        out << " " << std::setw(14) << sgpu::bench::name(spec.op) << std::setw(10)
+            << (barrier ? "-" : std::string(sgpu::bench::dtype_name(spec.dtype))) << std::setw(12)
+            << spec.sizes[i].bytes << std::setw(12) << spec.sizes[i].count << std::setprecision(1)
+            << std::setw(12) << time * 1e6 << std::setprecision(3) << std::setw(12)
+            << bytes / time / 1e9 << std::setw(12) << bytes / time / 1e9 * factor << std::setw(8)
+            << wrong;
+        if (!floors.empty()) {
+          const double floor = median(floors);
+          out << std::setprecision(1) << std::setw(14) << floor * 1e6 << std::setprecision(3)
+              << std::setw(14) << bytes / floor / 1e9 * factor << std::setw(10) << floor / time;
+        }
+        out << "\n";
+      }
+    }
+    out << std::defaultfloat;
+  }
+
+  bool failed() const { return failed_; }
+
+ private:
+  using Key = std::pair<Collective, c10::ScalarType>;
+
+  static double median(std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    const std::size_t n = values.size();
+    return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  }
+
+  // The repetition-th measurement of `key`, made when first asked for: the floor first,
+  // then sgpu, one sweep each.
+  const Measured& measure(const Key& key, std::size_t repetition) {
+    auto& runs = measured_[key];
+    while (runs.size() <= repetition) {
+      Measured m;
+      const auto& spec = specs_.at(key);
+      try {
+        if (!config_.no_floor) {
+          m.floor = sgpu::bench::run_floor(spec, backend_, ranks_,
+                                           options_.timeout.value_or(std::chrono::hours(24)));
+        }
+        m.sgpu = sgpu::distributed(collective_sweep, options_).distributed(spec);
+      } catch (const std::exception& e) {
+        m.error = e.what();
+        failed_ = true;
+        std::cerr << "bench_collectives: " << sgpu::bench::name(spec.op) << "/"
+                  << sgpu::bench::dtype_name(spec.dtype) << " failed: " << e.what() << "\n";
+      }
+      runs.push_back(std::move(m));
+    }
+    return runs[repetition];
+  }
+
+  void add(const sgpu::bench::SweepSpec& spec, std::size_t index, bool floor) {
+    const Key key{spec.op, spec.dtype};
+    const auto& size = spec.sizes[index];
+    std::string name(sgpu::bench::name(spec.op));
+    if (spec.op != Collective::kBarrier) {
+      name +=
+          "/" + std::string(sgpu::bench::dtype_name(spec.dtype)) + "/" + std::to_string(size.bytes);
+    }
+    name += floor ? "/floor" : "/sgpu";
+    auto calls = std::make_shared<std::size_t>(0);
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [this, key, index, floor, calls, bytes = size.bytes](benchmark::State& state) {
+          const Measured& m = measure(key, (*calls)++);
+          if (!m.error.empty()) {
+            state.SkipWithError(m.error.c_str());
+            return;
+          }
+          const SizeSummary s = summarise(floor ? m.floor : m.sgpu, index);
+          if (s.wrong > 0) {
+            failed_ = true;
+            state.SkipWithError((std::to_string(s.wrong) +
+                                 " wrong elements in the first result, on ranks" + s.wrong_ranks)
+                                    .c_str());
+            return;
+          }
+          for (auto _ : state) state.SetIterationTime(s.seconds);
+          state.counters["ranks"] = ranks_;
+          state.counters["wrong"] = 0;
+          if (key.first != Collective::kBarrier) {
+            const double algbw = static_cast<double>(bytes) / s.seconds / 1e9;
+            state.counters["bytes"] = static_cast<double>(bytes);
+            state.counters["algbw_GBps"] = algbw;
+            state.counters["busbw_GBps"] = algbw * sgpu::bench::bus_factor(key.first, ranks_);
+          }
+          if (!floor && !m.floor.empty()) {
+            state.counters["vs_floor"] = summarise(m.floor, index).seconds / s.seconds;
+          }
+        })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+
+  Config config_;
+  sgpu::Options options_;
+  std::string backend_;
+  int ranks_;
+  std::map<Key, sgpu::bench::SweepSpec> specs_;
+  std::vector<Key> order_;
+  std::map<Key, std::vector<Measured>> measured_;
+  bool failed_ = false;
+};
+
+std::string command_output(const std::string& command) {
+  std::string output;
+  if (FILE* pipe = ::popen((command + " 2>/dev/null").c_str(), "r")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
+      output.append(buffer, n);
+    }
+    ::pclose(pipe);
+  }
+  while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+  return output;
+}
+
+// The commit this binary was built from: the source tree's, at run time, marked -dirty
+// when tracked files changed; the one CMake saw, when the tree is not at hand.
+std::string source_commit() {
+  const std::string git = "git -C '" SGPU_BENCH_SOURCE_DIR "' ";
+  std::string commit = command_output(git + "rev-parse HEAD");
+  if (commit.empty()) return SGPU_BENCH_GIT_COMMIT;
+  if (!command_output(git + "status --porcelain --untracked-files=no").empty()) {
+    commit += "-dirty";
+  }
+  return commit;
+}
+
+// "NVLink (NV18)" or "PCIe (PIX, SYS)" from `nvidia-smi topo -m`: the link kinds between
+// the GPUs of the node.
+std::string interconnect() {
+  std::istringstream topo(command_output("nvidia-smi topo -m"));
+  std::set<std::string> links;
+  for (std::string line; std::getline(topo, line);) {
+    std::istringstream words(line);
+    std::string word;
+    words >> word;
+    if (word.rfind("GPU", 0) != 0) continue;
+    while (words >> word) {
+      if (word.rfind("NV", 0) == 0 || word == "PIX" || word == "PXB" || word == "PHB" ||
+          word == "NODE" || word == "SYS") {
+        links.insert(word);
+      }
+    }
+  }
+  if (links.empty()) return "unknown (no nvidia-smi topo)";
+  std::string kinds;
+  bool nvlink = false;
+  for (const auto& link : links) {
+    kinds += (kinds.empty() ? "" : ", ") + link;
+    nvlink = nvlink || link.rfind("NV", 0) == 0;
+  }
+  return std::string(nvlink ? "NVLink" : "PCIe") + " (" + kinds + ")";
+}
+
+void add_context(const std::string& backend, int ranks, const sgpu::Options& options,
+                 const Config& config) {
+  benchmark::AddCustomContext("sgpu_version", SGPU_VERSION);
+  benchmark::AddCustomContext("sgpu_commit", source_commit());
+  benchmark::AddCustomContext("libtorch", SGPU_TORCH_VERSION);
+  benchmark::AddCustomContext("cuda_built", SGPU_WITH_CUDA ? SGPU_CUDA_VERSION : "none");
+  benchmark::AddCustomContext("nccl_built", SGPU_WITH_CUDA ? SGPU_NCCL_VERSION : "none");
+  benchmark::AddCustomContext("backend", backend);
+  benchmark::AddCustomContext("ranks", std::to_string(ranks));
+  const auto inventory = sgpu::backend::find_backend(backend).inventory(options);
+  benchmark::AddCustomContext("gpus", inventory.summary());
+  benchmark::AddCustomContext("node", inventory.node);
+  std::string names;
+  for (const auto& gpu : inventory.gpus) {
+    if (gpu.index < ranks) names += (names.empty() ? "" : "; ") + gpu.name;
+  }
+  benchmark::AddCustomContext("gpu_names", names);
+  if (backend == "cuda") {
+    const std::string driver =
+        command_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1");
+    benchmark::AddCustomContext("driver", driver.empty() ? "unknown" : driver);
+    benchmark::AddCustomContext("interconnect", interconnect());
+  } else {
+    benchmark::AddCustomContext("driver", "none (simulated ranks)");
+    benchmark::AddCustomContext("interconnect", "simulated: Gloo over TCP on 127.0.0.1");
+  }
+  benchmark::AddCustomContext("warmup", std::to_string(config.warmup));
+  benchmark::AddCustomContext("iters", std::to_string(config.iters));
+  benchmark::AddCustomContext("time",
+                              "slowest rank's mean time per operation over the timed iterations");
+  benchmark::AddCustomContext(
+      "floor", config.no_floor ? "off" : "the same sweep in plain libtorch processes");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (sgpu::bench::is_floor_rank()) sgpu::bench::floor_rank_main();
+  sgpu::init(argc, argv);
+
+  Config config;
+  CLI::App app{
+      "Collective throughput (nccl-tests' algbw and busbw) through sgpu, against "
+      "plain libtorch processes (the floor), in one run. Google Benchmark's own "
+      "--benchmark_* flags pass through."};
+  // A flag given twice takes its last value, so callers can preset and users override.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.footer(
+      "Examples:\n"
+      "  bench_collectives --backend sim --gpus 4 --max-bytes 16M\n"
+      "  bench_collectives --gpus 8 --ops allreduce,allgather --dtypes bfloat16 \\\n"
+      "      --benchmark_repetitions=5 --benchmark_out=run.json --benchmark_out_format=json");
+  app.add_option("--backend", config.backend, "auto, cuda or sim (SGPU_BACKEND overrides)")
+      ->capture_default_str();
+  app.add_option("--gpus", config.gpus, "Ranks (default: every GPU of the node)");
+  app.add_option("--gpu-type", config.gpu_type, "GPU type the node must have");
+  app.add_option("--timeout", config.timeout, "Seconds per sweep, or none")->capture_default_str();
+  app.add_option("--min-bytes", config.min_bytes, "Smallest message, e.g. 8, 1K, 1M")
+      ->capture_default_str();
+  app.add_option("--max-bytes", config.max_bytes, "Largest message (default 256M cuda, 64M sim)");
+  app.add_option("--dtypes", config.dtypes, "float32,bfloat16")->delimiter(',');
+  app.add_option("--ops", config.ops,
+                 "allreduce,allgather,reducescatter,broadcast,alltoall,barrier")
+      ->delimiter(',');
+  app.add_option("--warmup", config.warmup, "Untimed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--iters", config.iters, "Timed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-floor", config.no_floor, "Skip the libtorch-only floor");
+  app.add_option("--table", config.table_path, "Also write the table to this file");
+  // Google Benchmark answers --help itself and exits; this binary's flags come first.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << app.help()
+                << "\nGoogle Benchmark's flags: --benchmark_filter=REGEX, "
+                   "--benchmark_repetitions=K, --benchmark_out=FILE, "
+                   "--benchmark_out_format=json|console|csv, --benchmark_format=...\n";
+      return 0;
+    }
+  }
+  bool json_on_stdout = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    json_on_stdout =
+        json_on_stdout || arg == "--benchmark_format=json" || arg == "--benchmark_format=csv";
+  }
+  benchmark::Initialize(&argc, argv);
+  try {
+    app.parse(argc, argv);
+    for (const auto& op : config.ops) {
+      if (!sgpu::bench::parse_collective(op)) throw CLI::ValidationError("--ops", "unknown " + op);
+    }
+    for (const auto& dtype : config.dtypes) {
+      if (!sgpu::bench::parse_dtype(dtype)) {
+        throw CLI::ValidationError("--dtypes", "unknown " + dtype);
+      }
+    }
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "bench_collectives: " << e.what() << "\n\n" << app.help();
+    return 2;
+  }
+
+  sgpu::Options options;
+  options.backend = config.backend;
+  options.gpu_type = config.gpu_type;
+  options.name = "collective_sweep";
+  std::string backend;
+  try {
+    if (config.timeout == "none") {
+      options.timeout = sgpu::kNoTimeout;
+    } else {
+      options.timeout =
+          std::chrono::milliseconds(static_cast<long long>(std::stod(config.timeout) * 1000));
+    }
+    backend = std::string(sgpu::backend::choose_backend(options).name());
+    options.backend = backend;
+    if (config.max_bytes.empty()) config.max_bytes = backend == "cuda" ? "256M" : "64M";
+    parse_bytes(config.min_bytes);
+    parse_bytes(config.max_bytes);
+    options.gpus =
+        config.gpus > 0
+            ? config.gpus
+            : static_cast<int>(sgpu::backend::find_backend(backend).inventory(options).gpus.size());
+  } catch (const sgpu::Error& e) {
+    std::cerr << "bench_collectives: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_collectives: --timeout takes seconds or none, and --min-bytes and "
+                 "--max-bytes a size like 8, 4K, 64M (got "
+              << config.timeout << ", " << config.min_bytes << ", " << config.max_bytes << ")\n";
+    return 2;
+  }
+  if (options.gpus < 1) {
+    std::cerr << "bench_collectives: backend " << backend << " has no GPU to run on\n";
+    return 2;
+  }
+
+  add_context(backend, options.gpus, options, config);
+  CollectiveBench bench(config, options, backend, options.gpus);
+  bench.register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+
+  std::ostringstream table;
+  bench.print_table(table);
+  (json_on_stdout ? std::cerr : std::cout) << "\n" << table.str() << std::flush;
+  if (!config.table_path.empty()) std::ofstream(config.table_path) << table.str();
+  return bench.failed() ? 1 : 0;
+}
