@@ -1,5 +1,6 @@
 #include "launcher/rank_main.h"
 
+#include <ATen/Parallel.h>
 #include <cxxabi.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -139,6 +140,11 @@ void run_rank() {
         std::getenv(kCallFileVar), serialize::RecordKind::kCall, std::size_t{1} << 40));
     auto entry = reinterpret_cast<detail::EntryFn>(resolve_code(record.entry));
     void* function = resolve_code(record.function);
+    // libtorch reads OMP_NUM_THREADS when it loads: a rank forked from the fork server
+    // would keep the server's thread count (one per core) without this.
+    if (const long threads = env_int("OMP_NUM_THREADS", 0); threads > 0) {
+      at::set_num_threads(static_cast<int>(threads));
+    }
     const backend::Backend& backend = backend::find_backend(std::getenv(kBackendVar));
     backend.bind(std::atoi(std::getenv(kDeviceVar)));
     const std::string result = entry(function, record.signature, record.args);

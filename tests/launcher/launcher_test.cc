@@ -1,5 +1,6 @@
 // The pipeline end to end on simulated ranks: results in rank order, the rank
 // environment, output streaming, asynchronous launches and result limits.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <unistd.h>
@@ -19,12 +20,13 @@ namespace {
 struct RankView {
   int rank = -1, local_rank = -1, world = -1, local_world = -1, node = -1;
   std::string master_addr, master_port, omp_threads, device;
+  int intra_op_threads = 0;
   std::uint64_t payload_size = 0;
   std::uint64_t payload_sum = 0;
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(rank, local_rank, world, local_world, node, master_addr, master_port, omp_threads, device,
-       payload_size, payload_sum);
+    ar(rank, local_rank, world, local_world, node, master_addr, master_port, omp_threads,
+       intra_op_threads, device, payload_size, payload_sum);
   }
 };
 
@@ -49,6 +51,7 @@ RankView inspect(std::string payload) {
   v.master_addr = env_or("MASTER_ADDR");
   v.master_port = env_or("MASTER_PORT");
   v.omp_threads = env_or("OMP_NUM_THREADS");
+  v.intra_op_threads = at::get_num_threads();
   v.device = sgpu::device();
   v.payload_size = payload.size();
   v.payload_sum = checksum(payload);
@@ -85,6 +88,9 @@ RC_GTEST_PROP(Launcher, ResultsComeBackInRankOrderWithTheRankVariables, ()) {
     // The caller's OMP_NUM_THREADS wins; unset, several ranks get 1 (torchrun's rule).
     const char* caller_omp = std::getenv("OMP_NUM_THREADS");
     RC_ASSERT(v.omp_threads == (caller_omp != nullptr ? caller_omp : gpus > 1 ? "1" : "<unset>"));
+    // ... and libtorch's thread pool follows it, started by exec or forked alike.
+    if (v.omp_threads != "<unset>")
+      RC_ASSERT(v.intra_op_threads == std::atoi(v.omp_threads.c_str()));
     RC_ASSERT(v.device == "cpu");
     RC_ASSERT(v.payload_size == size);
     RC_ASSERT(v.payload_sum == checksum(payload));
