@@ -335,6 +335,71 @@ TEST(Strategies, ShardedStrategiesHoldOneNthOfWhatDdpHolds) {
   }
 }
 
+// Evaluation through FSDP (units gathered and freed one at a time) gives the plain
+// model's outputs; a full state dict reloads; a state that does not fit names the tensor.
+std::vector<std::string> fsdp_state_round_trip(Case c) {
+  FullyShardedDataParallel fsdp(make_model(c));
+  auto [x, y] = make_data(c);
+  at::Tensor out;
+  {
+    torch::NoGradGuard no_grad;
+    out = fsdp.forward(x);
+  }
+  std::vector<std::string> report;
+  const at::Tensor expected = make_model(c)->forward(x).detach();
+  report.push_back(torch::allclose(out, expected) ? "eval ok" : "eval differs");
+  for (const auto& p : fsdp.module()->parameters()) {
+    if (p.numel() != 0) report.push_back("a unit stayed gathered after evaluation");
+  }
+  auto state = fsdp.full_state_dict(/*rank0_only=*/false);
+  for (auto& [name, tensor] : state) tensor.mul_(2);
+  fsdp.load_full_state_dict(state);
+  auto again = fsdp.full_state_dict(/*rank0_only=*/false);
+  bool same = true;
+  for (const auto& [name, tensor] : state) same = same && torch::equal(again.at(name), tensor);
+  report.push_back(same ? "reload ok" : "reload differs");
+  auto wrong = state;
+  wrong["0.weight"] = torch::zeros({3, 3}, torch::kDouble);
+  try {
+    fsdp.load_full_state_dict(wrong);
+  } catch (const sgpu::Error& e) {
+    report.push_back(e.what());
+  }
+  wrong = state;
+  wrong["extra.weight"] = torch::zeros({1});
+  try {
+    fsdp.load_full_state_dict(wrong);
+  } catch (const sgpu::Error& e) {
+    report.push_back(e.what());
+  }
+  // A failed load changes nothing.
+  auto after = fsdp.full_state_dict(/*rank0_only=*/false);
+  for (const auto& [name, tensor] : state) same = same && torch::equal(after.at(name), tensor);
+  report.push_back(same ? "unchanged" : "changed by a failed load");
+  return report;
+}
+
+TEST(Strategies, FsdpEvaluatesAndReloadsItsFullState) {
+  Case c;
+  c.world = 3;
+  c.widths = {5, 7, 3};
+  const auto reports = sgpu::distributed(fsdp_state_round_trip, sim(3)).distributed(c);
+  for (const auto& report : reports) {
+    ASSERT_EQ(report.size(), 5u) << ::testing::PrintToString(report);
+    EXPECT_EQ(report[0], "eval ok");
+    EXPECT_EQ(report[1], "reload ok");
+    EXPECT_NE(
+        report[2].find("tensor '0.weight' to load has shape [3, 3] but the model's has [7, 5]"),
+        std::string::npos)
+        << report[2];
+    EXPECT_NE(
+        report[3].find("has a tensor 'extra.weight' that the model has no parameter or buffer for"),
+        std::string::npos)
+        << report[3];
+    EXPECT_EQ(report[4], "unchanged");
+  }
+}
+
 int different_models(int) {
   Case c;
   c.widths = {4, sgpu::global_rank() == 1 ? 5 : 6, 2};
