@@ -1,5 +1,6 @@
 // Steps 1-12 of a call (see docs/architecture.md): check, select devices, stage, host the
 // store, start ranks, monitor them, tear down, gather.
+#include <cxxabi.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -587,8 +588,15 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
     for (const std::string& word : command) {
       facts.function_name += (facts.function_name.empty() ? "" : " ") + word;
     }
-  } else {
+  } else if (!record.function_name.empty()) {
     facts.function_name = record.function_name;
+  } else {
+    // A function without a symbol (static, or in an anonymous namespace): its type.
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> type(
+        abi::__cxa_demangle(record.signature.c_str(), nullptr, nullptr, &status), std::free);
+    facts.function_name =
+        "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
   }
   if (facts.backend == "sim") {
     const char* env = std::getenv("SGPU_SIM");

@@ -165,8 +165,9 @@ bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir) {
               << " is incomplete: what could not be sent is kept in " << run_dir.string()
               << "/rank-*/tracking-spool.jsonl" << std::endl;
   } else if (resent > 0) {
-    std::cerr << "sgpu: tracking: the store was unreachable during the call; " << resent
-              << " entries kept by the ranks were sent when it ended" << std::endl;
+    std::cerr << "sgpu: tracking: the store did not take everything during the call "
+                 "(unreachable or too slow); the "
+              << resent << " entries the ranks kept were sent when it ended" << std::endl;
   }
   return all_sent;
 }

@@ -21,10 +21,11 @@ void create() {
   std::unique_ptr<Store> store;
   try {
     if (uri.rfind("http", 0) == 0) {
-      // Short enough that a torn-down rank still spools within the teardown grace.
+      // Patient with a busy server: the time a rank's end waits is bounded by
+      // close_rank_logger's limit, not here (what is not sent by then is spooled).
       store = std::make_unique<RestStore>(
-          uri, RetryPolicy{3, std::chrono::milliseconds(100), std::chrono::seconds(3),
-                           std::chrono::seconds(1)});
+          uri, RetryPolicy{3, std::chrono::milliseconds(200), std::chrono::seconds(15),
+                           std::chrono::seconds(2)});
     } else {
       store = open_store(uri);
     }
