@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,31 @@ TEST(SgpuRun, ACrashOnRankTwoExitsWithItsStatusAndLeavesNothing) {
   expect_has(r.output, "exited with code 13");
   expect_has(r.output, "rank 2 crashing");
   EXPECT_TRUE(sgpu::testing::processes_with(marker).empty());
+}
+
+TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
+  std::string dir = (std::filesystem::temp_directory_path() / "sgpu-cli-mlruns-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--experiment", "cli", "--",
+                         "/bin/sh", "-c", "echo run=$MLFLOW_RUN_ID"},
+                        "MLFLOW_TRACKING_URI=file:" + dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const auto at = r.output.find("[rank 1] run=");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string run_id = r.output.substr(at + 13, 32);
+  expect_has(r.output, "sgpu: tracking run " + run_id + ": " + dir + "/");
+  expect_has(r.output, "[rank 0] run=" + run_id);
+  bool found = false;
+  for (const auto& experiment : std::filesystem::directory_iterator(dir)) {
+    const auto meta = experiment.path() / run_id / "meta.yaml";
+    if (!std::filesystem::exists(meta)) continue;
+    found = true;
+    std::ifstream in(meta);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    expect_has(text, "status: 3\n");  // FINISHED
+  }
+  EXPECT_TRUE(found) << "no run " << run_id << " under " << dir;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SgpuRun, TimeoutExits124) {
