@@ -35,6 +35,7 @@ void create() {
   }
   LoggerSettings settings;
   settings.run_id = run_id;
+  settings.report_transient = false;
   if (const char* dir = std::getenv("SGPU_RANK_DIR"); dir != nullptr && *dir != '\0') {
     settings.spool_file = std::filesystem::path(dir) / "tracking-spool.jsonl";
   }

@@ -1,5 +1,6 @@
 #include "tracking/run_logger.h"
 
+#include <algorithm>
 #include <iostream>
 #include <utility>
 
@@ -67,7 +68,7 @@ void RunLogger::run() {
   std::unique_lock lock(mutex_);
   while (true) {
     wake_.wait_for(lock, settings_.flush_interval, [this] {
-      return closing_ || buffer_.size() >= settings_.flush_at || sent_rounds_ < logged_rounds_;
+      return closing_ || buffer_.size() >= settings_.flush_at || sent_rounds_ < flush_wanted_;
     });
     if (!buffer_.empty()) {
       pending_.push_back(std::move(buffer_));
@@ -85,7 +86,7 @@ void RunLogger::run() {
         keep = e.transient();
         if (!e.transient()) {
           std::cerr << "sgpu: " << e.what() << "\n";
-        } else if (!std::exchange(reported_transient_, true)) {
+        } else if (settings_.report_transient && !std::exchange(reported_transient_, true)) {
           std::cerr << "sgpu: " << e.what() << "; metrics are kept and sent again later\n";
         }
       } catch (const std::exception& e) {
@@ -111,6 +112,7 @@ bool RunLogger::flush() {
   std::unique_lock lock(mutex_);
   if (closed_) return pending_.empty() && buffer_.empty();
   const std::uint64_t target = logged_rounds_;
+  flush_wanted_ = std::max(flush_wanted_, target);
   wake_.notify_one();
   settled_.wait(lock, [&] { return sent_rounds_ >= target || closed_; });
   return pending_.empty() && buffer_.empty();

@@ -30,6 +30,9 @@ struct LoggerSettings {
   std::filesystem::path spool_file;  // empty: unsent batches are reported as lost
   std::chrono::milliseconds flush_interval{1000};
   std::size_t flush_at = 10'000;  // entries
+  // Say once on stderr that the store is failing (ranks leave that to the launcher,
+  // which says it once for the whole call).
+  bool report_transient = true;
 };
 
 class RunLogger {
@@ -68,6 +71,7 @@ class RunLogger {
   std::deque<Batch> pending_;        // taken by the thread, not yet accepted by the store
   std::uint64_t logged_rounds_ = 0;  // add() calls seen
   std::uint64_t sent_rounds_ = 0;    // add() calls the thread has tried to send
+  std::uint64_t flush_wanted_ = 0;   // flush() waits until sent_rounds_ reaches it
   bool in_flight_ = false;
   bool closing_ = false;
   bool closed_ = false;

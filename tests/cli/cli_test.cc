@@ -31,8 +31,12 @@ Result sgpu(std::vector<std::string> args, const std::string& extra_env = "") {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_text;
+  const std::string replaced = extra_env.substr(0, extra_env.find('=') + 1);
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind("SGPU_BACKEND=", 0) != 0) env_text.emplace_back(*e);
+    const std::string var(*e);
+    if (var.rfind("SGPU_BACKEND=", 0) == 0) continue;
+    if (!extra_env.empty() && var.rfind(replaced, 0) == 0) continue;  // extra_env wins
+    env_text.push_back(var);
   }
   if (!extra_env.empty()) env_text.push_back(extra_env);
   std::vector<char*> env;
