@@ -6,6 +6,7 @@ pays MLflow's import once:
                                               "metrics": {KEY: [[step, value, ts], ...]}}}
   {"uri": U, "children": ID}         -> [child run ids]
   {"uri": U, "experiment": NAME}     -> experiment id or null
+  {"migrate": DIR, "target": SQLITE} -> null, after `mlflow migrate-filestore` of DIR
 Non-finite values are written as the strings "nan", "inf", "-inf".
 """
 import json
@@ -14,6 +15,10 @@ import os
 import sys
 
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+# Answers go to the original stdout; whatever MLflow prints goes to stderr.
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 from mlflow import MlflowClient  # noqa: E402
 
 
@@ -46,6 +51,13 @@ def read_run(client, run_id):
 
 
 def answer(request):
+    if "migrate" in request:
+        from pathlib import Path
+
+        from mlflow.store.fs2db import migrate
+
+        migrate(Path(request["migrate"]), request["target"], progress=False)
+        return None
     client = MlflowClient(tracking_uri=request["uri"])
     if "runs" in request:
         return {run_id: read_run(client, run_id) for run_id in request["runs"]}
@@ -62,9 +74,9 @@ def answer(request):
     raise ValueError(f"unknown request {request}")
 
 
-print(json.dumps({"ready": True}), flush=True)
+print(json.dumps({"ready": True}), file=answers, flush=True)
 for line in sys.stdin:
     try:
-        print(json.dumps({"ok": answer(json.loads(line))}), flush=True)
+        print(json.dumps({"ok": answer(json.loads(line))}), file=answers, flush=True)
     except Exception as error:  # the test shows what went wrong
-        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), file=answers, flush=True)

@@ -238,6 +238,29 @@ TEST_P(Tracking, BadInputIsRefusedAtTheCallOrStoredAsMlflowStoresItAndNeighbours
   EXPECT_EQ(r["metrics"]["after_bad_ones"].size(), 2u);
 }
 
+TEST(TrackingFiles, MlflowMigrateFilestoreMovesTheRunsIntoADatabase) {
+  const auto dir = sgpu::testing::make_temp_dir("sgpu-migrate");
+  const std::string files = "file://" + (dir / "mlruns").string();
+  sgpu::tracking::Run scope("migrated", "sgpu tracking test", files);
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.tracking_uri = files;
+  sgpu::distributed(train, o).distributed(kSteps);
+  const json children = reader().ask({{"uri", files}, {"children", scope.run_id()}});
+  ASSERT_EQ(children.size(), 1u);
+  const std::string id = children[0];
+  const json before = reader().ask({{"uri", files}, {"runs", {id}}})[id];
+  const std::string database = "sqlite:///" + (dir / "migrated.db").string();
+  reader().ask({{"migrate", (dir / "mlruns").string()}, {"target", database}});
+  const json after = reader().ask({{"uri", database}, {"runs", {id}}})[id];
+  EXPECT_EQ(after["info"]["status"], "FINISHED");
+  EXPECT_EQ(after["params"], before["params"]);
+  EXPECT_EQ(after["tags"]["mlflow.parentRunId"], scope.run_id());
+  EXPECT_EQ(after["metrics"], before["metrics"]);
+  EXPECT_EQ(after["metrics"]["loss"].size(), static_cast<std::size_t>(2 * kSteps));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, Tracking, ::testing::Values(Where::kFiles, Where::kServer),
                          [](const auto& info) {
                            return info.param == Where::kServer ? "server" : "files";
