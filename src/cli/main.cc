@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
       "print(os.environ[\"RANK\"])'");
   int gpus = 1;
   std::string gpu_type, backend = "auto", timeout = "10800", log_dir, ranks, run_name;
+  std::string experiment;
+  bool no_tracking = false;
   std::vector<std::string> command;
   run_cmd->add_option("--gpus", gpus, "Ranks to start, one per GPU")->capture_default_str();
   run_cmd->add_option("--gpu-type", gpu_type, "GPU type the node must have (detected if unset)");
@@ -134,6 +136,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--log-dir", log_dir, "Where run folders go");
   run_cmd->add_option("--ranks", ranks, "Ranks whose output the console shows, e.g. 0,3");
   run_cmd->add_option("--run-name", run_name, "Name shown in errors");
+  run_cmd->add_option("--experiment", experiment,
+                      "MLflow experiment of the launch's run (created if missing)");
+  run_cmd->add_flag("--no-tracking", no_tracking, "Record no MLflow run (as SGPU_TRACKING=off)");
   run_cmd->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run sgpu's benchmarks");
@@ -183,6 +188,8 @@ int main(int argc, char** argv) {
   options.backend = backend;
   options.runs_dir = log_dir;
   options.name = run_name;
+  options.experiment = experiment;
+  options.tracking = !no_tracking;
   if (timeout == "none") {
     options.timeout = sgpu::kNoTimeout;
   } else {

@@ -1,5 +1,6 @@
 // Steps 1-12 of a call (see docs/architecture.md): check, select devices, stage, host the
 // store, start ranks, monitor them, tear down, gather.
+#include <cxxabi.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -29,6 +30,7 @@
 #include "serialize/values.h"
 #include "sgpu/call.h"
 #include "sgpu/errors.h"
+#include "tracking/call_run.h"
 
 extern char** environ;
 
@@ -114,7 +116,8 @@ class CallImpl final : public detail::Call {
  public:
   CallImpl(Options options, serialize::CallRecord record, std::vector<std::string> command,
            std::string backend_name, std::vector<std::string> backend_env,
-           backend::Selection selection, std::filesystem::path run_dir)
+           backend::Selection selection, std::filesystem::path run_dir,
+           std::unique_ptr<tracking::CallRun> tracking)
       : options_(std::move(options)),
         record_(std::move(record)),
         command_(std::move(command)),
@@ -122,6 +125,7 @@ class CallImpl final : public detail::Call {
         backend_env_(std::move(backend_env)),
         selection_(std::move(selection)),
         run_dir_(std::move(run_dir)),
+        tracking_(std::move(tracking)),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
   ~CallImpl() override {
@@ -169,7 +173,7 @@ class CallImpl final : public detail::Call {
 
   void results_taken() override {
     // Only now is the call a success: the folder goes unless asked to stay.
-    if (options_.keep_run_dir) return;
+    if (options_.keep_run_dir || tracking_unsent_) return;
     std::error_code ec;
     std::filesystem::remove_all(run_dir_, ec);
   }
@@ -214,6 +218,10 @@ class CallImpl final : public detail::Call {
         {kLifelineVar, std::to_string(kRankLifelineFd)},
         {kGroupTimeoutVar, std::to_string(group_timeout().count())},
     };
+    for (auto& var :
+         tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment()) {
+      vars.push_back(std::move(var));
+    }
     for (const std::string& var : backend_env_) {
       const auto eq = var.find('=');
       vars.emplace_back(var.substr(0, eq), var.substr(eq + 1));
@@ -400,7 +408,20 @@ class CallImpl final : public detail::Call {
       if (slot.err) slot.err->close();
     }
     store_.reset();  // its port is closed before anyone sees the call end
+    end_tracking(outcome);
     finish(outcome, start_error, cancel_reason);
+  }
+
+  // Step 4's other half: the run ends once every rank is gone, so it holds everything the
+  // ranks logged (and spooled) before the caller sees the call end.
+  void end_tracking(Outcome outcome) {
+    if (!tracking_) return;
+    tracking::RunStatus status = tracking::RunStatus::kFailed;
+    if (outcome == Outcome::kSucceeded) status = tracking::RunStatus::kFinished;
+    if (outcome == Outcome::kTimedOut || outcome == Outcome::kCancelled) {
+      status = tracking::RunStatus::kKilled;
+    }
+    tracking_unsent_ = !tracking_->end(status, run_dir_);
   }
 
   RankFailure row_for(const RankSlot& slot) const {
@@ -513,6 +534,8 @@ class CallImpl final : public detail::Call {
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
+  const std::unique_ptr<tracking::CallRun> tracking_;
+  bool tracking_unsent_ = false;  // spooled entries are still in the run folder
   UniqueFd cancel_fd_;
   std::unique_ptr<RankStarter> starter_;
   std::unique_ptr<rendezvous::HostStore> store_;
@@ -556,16 +579,47 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
                       "); raise the limit, or load large data inside the function");
   }
   record.max_payload_bytes = options.max_payload_bytes;
-  const std::filesystem::path run_dir = launcher::make_run_dir(options);
-  if (!runs_a_program) {
-    serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
-                                 serialize::to_bytes(record));
+  // 4. tracking: the call's run exists before any rank starts.
+  tracking::CallFacts facts;
+  facts.backend = std::string(chosen.name());
+  facts.gpu_type = selection.gpu_type;
+  facts.program = runs_a_program;
+  if (runs_a_program) {
+    for (const std::string& word : command) {
+      facts.function_name += (facts.function_name.empty() ? "" : " ") + word;
+    }
+  } else if (!record.function_name.empty()) {
+    facts.function_name = record.function_name;
+  } else {
+    // A function without a symbol (static, or in an anonymous namespace): its type.
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> type(
+        abi::__cxa_demangle(record.signature.c_str(), nullptr, nullptr, &status), std::free);
+    facts.function_name =
+        "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
   }
-  auto call = std::make_shared<launcher::CallImpl>(
-      options, std::move(record), std::move(command), std::string(chosen.name()),
-      std::move(backend_env), std::move(selection), run_dir);
-  call->start(method);
-  return call;
+  if (facts.backend == "sim") {
+    const char* env = std::getenv("SGPU_SIM");
+    facts.sim_node = !options.sim_node.empty()        ? options.sim_node
+                     : env != nullptr && *env != '\0' ? env
+                                                      : "8xH100";
+  }
+  std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(options, facts);
+  try {
+    const std::filesystem::path run_dir = launcher::make_run_dir(options);
+    if (!runs_a_program) {
+      serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
+                                   serialize::to_bytes(record));
+    }
+    auto call = std::make_shared<launcher::CallImpl>(
+        options, std::move(record), std::move(command), std::string(chosen.name()),
+        std::move(backend_env), std::move(selection), run_dir, std::move(tracking));
+    call->start(method);
+    return call;
+  } catch (...) {
+    if (tracking) tracking->end(tracking::RunStatus::kFailed, {});
+    throw;
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +25,7 @@
 #include "serialize/record.h"
 #include "serialize/values.h"
 #include "sgpu/distributed.h"
+#include "tracking/rank_logger.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -59,6 +62,45 @@ void on_crash(int signal) {
   ::raise(signal);
 }
 
+// NOTE [Tracking at a rank's end]
+// A rank ends with _exit, so nothing flushes the metrics its function logged unless the
+// rank does it: end_rank closes the rank's logger (tracking/rank_logger.h), and a SIGTERM
+// (teardown) is caught to do the same before the rank dies of it. The handler only wakes
+// a thread; the flush runs there, bounded so the rank still ends within the teardown
+// grace (what is not sent by then is spooled for the launcher to send).
+constexpr auto kFlushOnExitLimit = std::chrono::seconds(10);
+constexpr auto kFlushOnTerminateLimit = std::chrono::milliseconds(2500);
+int g_terminate_pipe[2] = {-1, -1};
+
+void on_terminate(int signal) {
+  if (!tracking::rank_logger_started()) {
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    return;
+  }
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = ::write(g_terminate_pipe[1], &byte, 1);
+}
+
+void flush_on_terminate() {
+  char byte;
+  while (::read(g_terminate_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  tracking::close_rank_logger(kFlushOnTerminateLimit);
+  std::cout.flush();
+  std::cerr.flush();
+  ::signal(SIGTERM, SIG_DFL);
+  ::raise(SIGTERM);
+}
+
+void install_terminate_flush() {
+  if (::pipe2(g_terminate_pipe, O_CLOEXEC) != 0) return;
+  std::thread(flush_on_terminate).detach();
+  struct sigaction terminate {};
+  terminate.sa_handler = on_terminate;
+  ::sigaction(SIGTERM, &terminate, nullptr);
+}
+
 void install_guards() {
   const char* parent = std::getenv(kParentVar);
   struct sigaction death {};
@@ -86,6 +128,7 @@ void install_guards() {
 // rank forked from the fork server they would copy-on-write much of libtorch's memory
 // (measured: 0.4 s per rank) for nothing, and both start methods must end alike.
 [[noreturn]] void end_rank(int code) {
+  tracking::close_rank_logger(kFlushOnExitLimit);
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -133,6 +176,7 @@ void run_program(char** argv) {
 void run_rank() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_guards();
+  install_terminate_flush();
   const std::filesystem::path rank_dir = std::getenv(kRankDirVar);
   const int rank = std::atoi(std::getenv("RANK"));
   try {

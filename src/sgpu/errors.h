@@ -4,6 +4,8 @@
 // folder); they are raised once, here, at the API:
 //   ConfigError               bad options; nothing was started
 //   AcceleratorMismatchError  the node cannot serve the request; nothing was started
+//   TrackingError             a metric, param or tag MLflow would refuse, or a tracking
+//                             store that cannot be used; raised at the logging call
 //   DistributedError          a rank failed; carries one RankFailure row per rank
 //     TimeoutError            the deadline passed; names the ranks still running
 //     CancelledError          the caller cancelled the call, or was interrupted
@@ -31,6 +33,11 @@ class ConfigError : public Error {
 };
 
 class AcceleratorMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+class TrackingError : public Error {
  public:
   using Error::Error;
 };

@@ -3,7 +3,7 @@
 // Every field has a default that a user can rely on; Options are checked before anything
 // starts, and a bad value is a ConfigError that names the field. Environment variables
 // fill in the fields they name when those are left empty (SGPU_SIM, SGPU_RUNS_DIR), or
-// override them (SGPU_BACKEND, SGPU_START_METHOD).
+// override them (SGPU_BACKEND, SGPU_START_METHOD, SGPU_TRACKING=off).
 #pragma once
 
 #include <chrono>
@@ -43,6 +43,12 @@ struct Options {
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
   StartMethod start_method = StartMethod::kAuto;  // SGPU_START_METHOD=fork-server|exec overrides
   std::string name;  // shown in logs and errors; empty: the function's name
+  // Experiment tracking (README "Tracking"): each call is an MLflow run.
+  bool tracking = true;      // false: no run, nothing written; SGPU_TRACKING=off does the same
+  std::string tracking_uri;  // http(s)://server or file:/path; empty: MLFLOW_TRACKING_URI,
+                             // else MLflow's file store in ./mlruns
+  std::string experiment;    // experiment name, created if missing; empty:
+                             // MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else Default
 };
 
 }  // namespace sgpu

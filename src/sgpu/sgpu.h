@@ -6,3 +6,4 @@
 #include "sgpu/errors.h"
 #include "sgpu/options.h"
 #include "sgpu/runtime.h"
+#include "sgpu/tracking.h"

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -29,8 +31,12 @@ Result sgpu(std::vector<std::string> args, const std::string& extra_env = "") {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_text;
+  const std::string replaced = extra_env.substr(0, extra_env.find('=') + 1);
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind("SGPU_BACKEND=", 0) != 0) env_text.emplace_back(*e);
+    const std::string var(*e);
+    if (var.rfind("SGPU_BACKEND=", 0) == 0) continue;
+    if (!extra_env.empty() && var.rfind(replaced, 0) == 0) continue;  // extra_env wins
+    env_text.push_back(var);
   }
   if (!extra_env.empty()) env_text.push_back(extra_env);
   std::vector<char*> env;
@@ -88,6 +94,31 @@ TEST(SgpuRun, ACrashOnRankTwoExitsWithItsStatusAndLeavesNothing) {
   expect_has(r.output, "exited with code 13");
   expect_has(r.output, "rank 2 crashing");
   EXPECT_TRUE(sgpu::testing::processes_with(marker).empty());
+}
+
+TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
+  std::string dir = (std::filesystem::temp_directory_path() / "sgpu-cli-mlruns-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--experiment", "cli", "--",
+                         "/bin/sh", "-c", "echo run=$MLFLOW_RUN_ID"},
+                        "MLFLOW_TRACKING_URI=file:" + dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const auto at = r.output.find("[rank 1] run=");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string run_id = r.output.substr(at + 13, 32);
+  expect_has(r.output, "sgpu: tracking run " + run_id + ": " + dir + "/");
+  expect_has(r.output, "[rank 0] run=" + run_id);
+  bool found = false;
+  for (const auto& experiment : std::filesystem::directory_iterator(dir)) {
+    const auto meta = experiment.path() / run_id / "meta.yaml";
+    if (!std::filesystem::exists(meta)) continue;
+    found = true;
+    std::ifstream in(meta);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    expect_has(text, "status: 3\n");  // FINISHED
+  }
+  EXPECT_TRUE(found) << "no run " << run_id << " under " << dir;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SgpuRun, TimeoutExits124) {

@@ -1,0 +1,81 @@
+#include "sgpu/tracking.h"
+
+#include <exception>
+#include <iostream>
+
+#include "launcher/program.h"
+#include "tracking/active_run.h"
+#include "tracking/call_run.h"
+#include "tracking/rank_logger.h"
+#include "tracking/run_logger.h"
+
+namespace sgpu {
+namespace {
+
+// The logger this process's logging calls go to: the rank's, or the caller's innermost
+// Run's; nullptr when there is none (then logging does nothing).
+std::shared_ptr<tracking::RunLogger> current_logger() {
+  if (launcher::started_as_rank()) {
+    tracking::RunLogger* logger = tracking::rank_logger();
+    // The rank's logger lives until the process ends; the shared_ptr does not own it.
+    return logger != nullptr ? std::shared_ptr<tracking::RunLogger>(logger, [](auto*) {}) : nullptr;
+  }
+  const auto scope = tracking::innermost_active_run();
+  return scope ? scope->logger : nullptr;
+}
+
+}  // namespace
+
+void log_metric(std::string_view key, double value, std::int64_t step) {
+  if (auto logger = current_logger()) logger->log_metric(key, value, step);
+}
+
+void log_metrics(const std::map<std::string, double>& metrics, std::int64_t step) {
+  if (auto logger = current_logger()) logger->log_metrics(metrics, step);
+}
+
+void log_param(std::string_view key, std::string_view value) {
+  if (auto logger = current_logger()) logger->log_param(key, value);
+}
+
+void set_tag(std::string_view key, std::string_view value) {
+  if (auto logger = current_logger()) logger->set_tag(key, value);
+}
+
+bool flush_tracking() {
+  auto logger = current_logger();
+  return logger == nullptr || logger->flush();
+}
+
+namespace tracking {
+
+Run::Run(std::string name, std::string experiment, std::string tracking_uri)
+    : uncaught_at_start_(std::uncaught_exceptions()) {
+  if (!tracking_enabled_by_environment()) return;
+  std::optional<OpenedRun> opened =
+      open_run(tracking_uri, experiment, name.empty() ? std::string("sgpu run") : name, {}, {});
+  if (!opened) return;
+  run_id_ = opened->info.run_id;
+  experiment_id_ = opened->info.experiment_id;
+  link_ = opened->store->run_link(opened->info);
+  const std::string uri = opened->store->uri();
+  LoggerSettings settings;
+  settings.run_id = run_id_;
+  logger_ = std::make_shared<RunLogger>(std::move(opened->store), settings);
+  push_active_run({uri, experiment_id_, run_id_, logger_});
+}
+
+Run::~Run() {
+  if (!active()) return;
+  pop_active_run(run_id_);
+  logger_->close(std::chrono::seconds(30));
+  const bool failed = failed_ || std::uncaught_exceptions() > uncaught_at_start_;
+  try {
+    logger_->store().end_run(run_id_, failed ? RunStatus::kFailed : RunStatus::kFinished, now_ms());
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: " << e.what() << "; run " << run_id_ << " stays RUNNING\n";
+  }
+}
+
+}  // namespace tracking
+}  // namespace sgpu

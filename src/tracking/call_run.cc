@@ -1,0 +1,175 @@
+#include "tracking/call_run.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "sgpu/config.h"
+#include "tracking/active_run.h"
+#include "tracking/spool.h"
+#include "tracking/validation.h"
+
+namespace sgpu::tracking {
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+std::string host_name() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string user_name() {
+  for (const char* var : {"LOGNAME", "USER", "LNAME", "USERNAME"}) {
+    if (std::string value = env_or_empty(var); !value.empty()) return value;
+  }
+  return "unknown";
+}
+
+std::string program_path() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "" : path.string();
+}
+
+std::string timeout_text(const Timeout& timeout) {
+  if (!timeout) return "none";
+  return std::to_string(timeout->count()) + "ms";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> untracked_rank_environment() {
+  return {{"SGPU_TRACKING", "off"}};
+}
+
+CallRun::CallRun(std::unique_ptr<Store> store, RunInfo info)
+    : store_(std::move(store)), info_(std::move(info)) {}
+
+std::optional<OpenedRun> open_run(const std::string& uri_option,
+                                  const std::string& experiment_option, const std::string& run_name,
+                                  std::vector<Tag> tags, const Batch& params) {
+  const std::optional<ActiveRun> scope = innermost_active_run();
+  const std::string uri = !uri_option.empty() ? uri_option
+                          : scope             ? scope->uri
+                                              : tracking_uri_from_environment();
+  std::unique_ptr<Store> store = open_store(uri);  // a bad scheme is the user's to fix
+  std::string parent;
+  std::string parent_experiment;
+  if (scope) {
+    parent = scope->run_id;
+    parent_experiment = scope->experiment_id;
+  } else if (std::string id = env_or_empty("MLFLOW_RUN_ID"); !id.empty()) {
+    parent = id;
+  }
+  try {
+    std::string experiment_id;
+    if (!experiment_option.empty()) {
+      experiment_id = store->experiment_by_name(experiment_option);
+    } else if (std::string name = env_or_empty("MLFLOW_EXPERIMENT_NAME"); !name.empty()) {
+      experiment_id = store->experiment_by_name(name);
+    } else if (std::string id = env_or_empty("MLFLOW_EXPERIMENT_ID"); !id.empty()) {
+      store->check_experiment(id);
+      experiment_id = id;
+    } else if (!parent.empty()) {
+      experiment_id =
+          !parent_experiment.empty() ? parent_experiment : store->get_run(parent).experiment_id;
+    } else {
+      experiment_id = store->experiment_by_name("Default");
+    }
+    std::vector<Tag> all_tags = {
+        {"mlflow.user", user_name()},    {"mlflow.source.name", program_path()},
+        {"mlflow.source.type", "LOCAL"}, {"sgpu.version", SGPU_VERSION},
+        {"sgpu.host", host_name()},
+    };
+    for (Tag& tag : tags) all_tags.push_back(std::move(tag));
+    if (!parent.empty()) all_tags.push_back({"mlflow.parentRunId", parent});
+    RunInfo info = store->create_run(experiment_id, truncate_value(run_name, kMaxKeyLength),
+                                     now_ms(), all_tags);
+    if (!params.empty()) store->log_batch(info.run_id, params);
+    std::cerr << "sgpu: tracking run " << info.run_id << ": " << store->run_link(info) << std::endl;
+    return OpenedRun{std::move(store), std::move(info)};
+  } catch (const StoreError& e) {
+    if (!e.transient()) throw;
+    std::cerr << "sgpu: " << e.what() << "; continuing without tracking" << std::endl;
+    return std::nullopt;
+  }
+}
+
+std::unique_ptr<CallRun> CallRun::begin(const Options& options, const CallFacts& facts) {
+  if (!options.tracking || !tracking_enabled_by_environment()) return nullptr;
+  std::vector<Tag> tags;
+  if (!facts.sim_node.empty()) tags.push_back({"sgpu.sim_node", facts.sim_node});
+  Batch params;
+  params.params = {
+      {"gpus", std::to_string(options.gpus)},
+      {"gpu_type", facts.gpu_type},
+      {"backend", facts.backend},
+      {"world_size", std::to_string(options.gpus)},
+      {"timeout", timeout_text(options.timeout)},
+      {facts.program ? "command" : "function",
+       truncate_value(facts.function_name, kMaxParamValueLength)},
+  };
+  std::optional<OpenedRun> opened =
+      open_run(options.tracking_uri, options.experiment,
+               facts.function_name.empty() ? "sgpu call" : facts.function_name, tags, params);
+  if (!opened) return nullptr;
+  return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
+}
+
+std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() const {
+  return {{"MLFLOW_RUN_ID", info_.run_id},
+          {"MLFLOW_TRACKING_URI", store_->uri()},
+          {"MLFLOW_EXPERIMENT_ID", info_.experiment_id},
+          {"SGPU_TRACKING", "on"}};
+}
+
+bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir) {
+  bool all_sent = true;
+  std::size_t resent = 0;
+  std::string last_error;
+  bool reachable = true;  // after one transient failure, nothing more is tried
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    const std::filesystem::path spool = entry.path() / "tracking-spool.jsonl";
+    if (!reachable || !std::filesystem::exists(spool)) continue;
+    for (const SpooledBatch& spooled : read_spool(spool)) {
+      try {
+        store_->log_batch(spooled.run_id, spooled.batch);
+        resent += spooled.batch.size();
+      } catch (const StoreError& e) {
+        // A refused batch would be refused again; only a transient failure keeps it.
+        last_error = e.what();
+        if (e.transient()) reachable = false;
+        if (e.transient()) break;
+      }
+    }
+    if (reachable) std::filesystem::remove(spool, ec);
+  }
+  all_sent = reachable;
+  if (reachable) {
+    try {
+      store_->end_run(info_.run_id, status, now_ms());
+    } catch (const StoreError& e) {
+      last_error = e.what();
+      all_sent = false;
+    }
+  }
+  if (!all_sent) {
+    std::cerr << "sgpu: " << last_error << "; run " << info_.run_id
+              << " is incomplete: what could not be sent is kept in " << run_dir.string()
+              << "/rank-*/tracking-spool.jsonl" << std::endl;
+  } else if (resent > 0) {
+    std::cerr << "sgpu: tracking: the store did not take everything during the call "
+                 "(unreachable or too slow); the "
+              << resent << " entries the ranks kept were sent when it ended" << std::endl;
+  }
+  return all_sent;
+}
+
+}  // namespace sgpu::tracking

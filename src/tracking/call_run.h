@@ -1,0 +1,71 @@
+// The run of one distributed call: created before the ranks start, ended after they are
+// gone.
+//
+// begin() picks the store (Options::tracking_uri, else MLFLOW_TRACKING_URI, else
+// ./mlruns), the experiment (Options::experiment, else MLFLOW_EXPERIMENT_NAME, else
+// MLFLOW_EXPERIMENT_ID, else the parent run's, else Default; a named one is created when
+// missing) and the parent (the innermost sgpu::tracking::Run, else MLFLOW_RUN_ID in the
+// caller's environment), records the call's params and tags and prints the run's link.
+// A store that cannot be reached does not fail the call: begin() says so once and the
+// call runs untracked. end() first sends what ranks spooled (rank-*/tracking-spool.jsonl),
+// then sets the run's status.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sgpu/options.h"
+#include "tracking/run_model.h"
+#include "tracking/store.h"
+
+namespace sgpu::tracking {
+
+struct CallFacts {
+  std::string function_name;
+  std::string backend;
+  std::string gpu_type;
+  std::string sim_node;  // empty off sim
+  bool program = false;  // `sgpu run`: the function is a command
+};
+
+class CallRun {
+ public:
+  // nullptr when tracking is off (Options::tracking false, or SGPU_TRACKING=off) or the
+  // store cannot be reached. Throws TrackingError for a URI or experiment id that can
+  // never work.
+  static std::unique_ptr<CallRun> begin(const Options& options, const CallFacts& facts);
+
+  // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks.
+  std::vector<std::pair<std::string, std::string>> rank_environment() const;
+  // Sends the ranks' spools, then ends the run with `status`. Returns false when
+  // something could not be sent (its spool file stays in the run folder).
+  bool end(RunStatus status, const std::filesystem::path& run_dir);
+
+  const RunInfo& info() const { return info_; }
+
+ private:
+  CallRun(std::unique_ptr<Store> store, RunInfo info);
+  std::unique_ptr<Store> store_;
+  RunInfo info_;
+};
+
+struct OpenedRun {
+  std::unique_ptr<Store> store;
+  RunInfo info;
+};
+
+// Creates a run as begin() does (store, experiment, parent, standard tags, the link on
+// stderr) with `tags` and `params` added. std::nullopt when the store cannot be reached
+// (said once on stderr); TrackingError for what can never work.
+std::optional<OpenedRun> open_run(const std::string& uri_option,
+                                  const std::string& experiment_option, const std::string& run_name,
+                                  std::vector<Tag> tags, const Batch& params);
+
+// The variables a rank gets when its call is not tracked: SGPU_TRACKING=off.
+std::vector<std::pair<std::string, std::string>> untracked_rank_environment();
+
+}  // namespace sgpu::tracking

@@ -1,0 +1,59 @@
+#include "tracking/rank_logger.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+
+#include "tracking/rest/rest_store.h"
+#include "tracking/run_logger.h"
+
+namespace sgpu::tracking {
+namespace {
+
+std::atomic<RunLogger*> g_logger{nullptr};
+std::once_flag g_once;
+
+void create() {
+  const char* run_id = std::getenv("MLFLOW_RUN_ID");
+  if (!tracking_enabled_by_environment() || run_id == nullptr || *run_id == '\0') return;
+  const std::string uri = tracking_uri_from_environment();
+  std::unique_ptr<Store> store;
+  try {
+    if (uri.rfind("http", 0) == 0) {
+      // Patient with a busy server: the time a rank's end waits is bounded by
+      // close_rank_logger's limit, not here (what is not sent by then is spooled).
+      store = std::make_unique<RestStore>(
+          uri, RetryPolicy{3, std::chrono::milliseconds(200), std::chrono::seconds(15),
+                           std::chrono::seconds(2)});
+    } else {
+      store = open_store(uri);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: " << e.what() << "; this rank logs nothing\n";
+    return;
+  }
+  LoggerSettings settings;
+  settings.run_id = run_id;
+  settings.report_transient = false;
+  if (const char* dir = std::getenv("SGPU_RANK_DIR"); dir != nullptr && *dir != '\0') {
+    settings.spool_file = std::filesystem::path(dir) / "tracking-spool.jsonl";
+  }
+  // Never destroyed: a rank ends with _exit after close_rank_logger.
+  g_logger.store(new RunLogger(std::move(store), std::move(settings)));
+}
+
+}  // namespace
+
+RunLogger* rank_logger() {
+  std::call_once(g_once, create);
+  return g_logger.load();
+}
+
+void close_rank_logger(std::chrono::milliseconds limit) {
+  if (RunLogger* logger = g_logger.load()) logger->close(limit);
+}
+
+bool rank_logger_started() { return g_logger.load() != nullptr; }
+
+}  // namespace sgpu::tracking

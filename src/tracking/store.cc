@@ -1,0 +1,36 @@
+#include "tracking/store.h"
+
+#include <cstdlib>
+
+#include "tracking/file/file_store.h"
+#include "tracking/rest/rest_store.h"
+
+namespace sgpu::tracking {
+
+std::unique_ptr<Store> open_store(const std::string& uri) {
+  if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
+    return std::make_unique<RestStore>(uri);
+  }
+  if (uri.empty() || uri.rfind("file:", 0) == 0 || uri.find("://") == std::string::npos) {
+    return std::make_unique<FileStore>(file_store_root(uri));
+  }
+  throw TrackingError("tracking: unsupported tracking URI scheme in '" +
+                      uri.substr(0, uri.find("://")) +
+                      "://...': sgpu writes to an MLflow server (http:// or https://) or to "
+                      "MLflow's file store (file: or a path); set MLFLOW_TRACKING_URI to one "
+                      "of those, or SGPU_TRACKING=off");
+}
+
+std::string tracking_uri_from_environment() {
+  const char* uri = std::getenv("MLFLOW_TRACKING_URI");
+  return uri != nullptr ? uri : "";
+}
+
+bool tracking_enabled_by_environment() {
+  const char* value = std::getenv("SGPU_TRACKING");
+  if (value == nullptr) return true;
+  const std::string v(value);
+  return !(v == "off" || v == "0" || v == "false" || v == "no" || v == "OFF" || v == "False");
+}
+
+}  // namespace sgpu::tracking

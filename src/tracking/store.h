@@ -1,0 +1,65 @@
+// Where runs go: one small interface over MLflow's stores.
+//
+// A Store creates experiments and runs, appends batches to a run and ends it. Two
+// implementations repeat the same names: file/file_store.h writes MLflow's own file-store
+// layout (`./mlruns`), rest/rest_store.h speaks MLflow's REST API to a tracking server.
+// Every method may be called from several threads and several processes at once; a
+// Store never keeps a run's state in memory, so a rank and its caller can each open one
+// on the same run. Failures are TrackingError with a message fit for a user (never a
+// token or password in it); `transient()` tells the caller whether trying again later
+// may succeed (the server was unreachable or overloaded) or not (the request was
+// refused).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sgpu/errors.h"
+#include "tracking/run_model.h"
+
+namespace sgpu::tracking {
+
+class StoreError : public TrackingError {
+ public:
+  StoreError(const std::string& what, bool transient)
+      : TrackingError(what), transient_(transient) {}
+  bool transient() const { return transient_; }
+
+ private:
+  bool transient_;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // The id of the experiment named `name`, created when missing.
+  virtual std::string experiment_by_name(const std::string& name) = 0;
+  // Throws StoreError when there is no experiment `id`.
+  virtual void check_experiment(const std::string& id) = 0;
+  // A new RUNNING run; `tags` are set on it (mlflow.runName is added from `run_name`).
+  virtual RunInfo create_run(const std::string& experiment_id, const std::string& run_name,
+                             std::int64_t start_time_ms, const std::vector<Tag>& tags) = 0;
+  // Appends `batch` to the run; params already logged with the same value are accepted.
+  // The batch is already validated (tracking/validation.h) and may be of any size.
+  virtual void log_batch(const std::string& run_id, const Batch& batch) = 0;
+  virtual void end_run(const std::string& run_id, RunStatus status, std::int64_t end_time_ms) = 0;
+  virtual RunInfo get_run(const std::string& run_id) = 0;
+  // Where a person looks at the run: a web link for a server, the folder for files.
+  virtual std::string run_link(const RunInfo& run) const = 0;
+  // The tracking URI that finds this store again (what ranks get as MLFLOW_TRACKING_URI).
+  virtual std::string uri() const = 0;
+};
+
+// The store for `uri`: `http(s)://...` is a server, `file:...`, a path, or empty (then
+// `./mlruns`) is the file store. Anything else is a TrackingError naming what is
+// supported.
+std::unique_ptr<Store> open_store(const std::string& uri);
+
+// MLFLOW_TRACKING_URI, or "" (the file store under ./mlruns).
+std::string tracking_uri_from_environment();
+
+// False when tracking is turned off: SGPU_TRACKING=off (or 0, false, no).
+bool tracking_enabled_by_environment();
+
+}  // namespace sgpu::tracking

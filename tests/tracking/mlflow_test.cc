@@ -1,0 +1,312 @@
+// Calls on 8 simulated ranks, tracked into a real MLflow tracking server and into
+// MLflow's file store, read back through MLflow's own Python client: the run and its
+// nesting, every rank's metrics with their steps, params and tags, FAILED and KILLED
+// runs, bad input, and a server that goes away mid-run and comes back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "sgpu/sgpu.h"
+#include "tracking/mlflow_support.h"
+#include "tracking/rest/rest_store.h"
+
+namespace {
+
+using nlohmann::json;
+using sgpu::testing::MlflowReader;
+using sgpu::testing::MlflowServer;
+
+constexpr int kRanks = 8;
+constexpr int kSteps = 5;
+
+MlflowServer& server() {
+  static MlflowServer instance(SGPU_TEST_PYTHON);
+  return instance;
+}
+
+MlflowReader& reader() {
+  static MlflowReader instance(SGPU_TEST_PYTHON, SGPU_TEST_SOURCE_DIR "/tracking/mlflow_reader.py");
+  return instance;
+}
+
+double rank_value(int rank, int step) { return rank * 100.0 + step + 0.25; }
+
+int train(int steps) {
+  const int rank = sgpu::global_rank();
+  sgpu::log_param("rank_" + std::to_string(rank) + "/seed", std::to_string(rank * 7));
+  sgpu::set_tag("rank_" + std::to_string(rank), "ran");
+  for (int step = 0; step < steps; ++step) {
+    sgpu::log_metric("loss", rank_value(rank, step), step);
+    sgpu::log_metrics({{"rank_" + std::to_string(rank) + "/acc", rank_value(rank, step) / 1000}},
+                      step);
+  }
+  return rank;
+}
+
+int fail_on_rank_3(int) {
+  sgpu::log_metric("before_failure", sgpu::global_rank(), 1);
+  if (sgpu::global_rank() == 3) throw std::runtime_error("rank 3 gives up");
+  return 0;
+}
+
+int hang_after_logging(int) {
+  sgpu::log_metric("before_timeout", sgpu::global_rank(), 2);
+  std::this_thread::sleep_for(std::chrono::hours(1));
+  return 0;
+}
+
+int bad_input(int) {
+  const int rank = sgpu::global_rank();
+  int refused = 0;
+  sgpu::log_metric("nan", std::nan(""), rank);
+  sgpu::log_metric("inf", std::numeric_limits<double>::infinity(), rank);
+  sgpu::log_metric("neg_inf", -std::numeric_limits<double>::infinity(), rank);
+  try {
+    sgpu::log_metric(std::string(300, 'k'), 1, 0);
+  } catch (const sgpu::TrackingError&) {
+    ++refused;
+  }
+  try {
+    sgpu::log_metric("bad|key", 1, 0);
+  } catch (const sgpu::TrackingError&) {
+    ++refused;
+  }
+  if (rank == 0) sgpu::log_param("long_value", std::string(7000, 'v'));
+  for (int i = 0; i < 10'000; ++i) sgpu::log_metric("many/r" + std::to_string(rank), i, i);
+  sgpu::log_metric("after_bad_ones", rank, 0);
+  return refused;
+}
+
+int log_through_outage(int count) {
+  for (int i = 0; i < count; ++i) {
+    sgpu::log_metric("steady", sgpu::global_rank() * 10'000 + i, i);
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return 0;
+}
+
+// The stores a test runs against.
+enum class Where { kServer, kFiles };
+
+class Tracking : public ::testing::TestWithParam<Where> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Where::kServer) {
+      uri_ = server().uri();
+    } else {
+      files_ = sgpu::testing::make_temp_dir("sgpu-mlruns");
+      uri_ = "file://" + (files_ / "mlruns").string();
+    }
+  }
+  sgpu::Options options(int ranks = kRanks) const {
+    sgpu::Options o;
+    o.gpus = ranks;
+    o.backend = "sim";
+    o.tracking_uri = uri_;
+    o.experiment = "sgpu tracking test";
+    return o;
+  }
+  json run(const std::string& id) { return reader().ask({{"uri", uri_}, {"runs", {id}}})[id]; }
+  std::string only_child(const std::string& parent) {
+    const json children = reader().ask({{"uri", uri_}, {"children", parent}});
+    EXPECT_EQ(children.size(), 1u) << children.dump();
+    return children.empty() ? "" : children[0].get<std::string>();
+  }
+
+  std::string uri_;
+  std::filesystem::path files_;
+};
+
+TEST_P(Tracking, ACallIsAChildRunWithEveryRanksMetricsParamsAndTags) {
+  sgpu::tracking::Run sweep("sweep", "sgpu tracking test", uri_);
+  ASSERT_TRUE(sweep.active());
+  const auto ranks = sgpu::distributed(train, options()).distributed(kSteps);
+  EXPECT_EQ(ranks.size(), static_cast<std::size_t>(kRanks));
+  const std::string id = only_child(sweep.run_id());
+  const json r = run(id);
+
+  EXPECT_EQ(r["info"]["status"], "FINISHED");
+  EXPECT_EQ(r["info"]["experiment_id"], sweep.experiment_id());
+  EXPECT_EQ(r["tags"]["mlflow.parentRunId"], sweep.run_id());
+  EXPECT_EQ(r["tags"]["sgpu.sim_node"], "8xH100");
+  EXPECT_FALSE(r["tags"]["sgpu.version"].get<std::string>().empty());
+  EXPECT_FALSE(r["tags"]["sgpu.host"].get<std::string>().empty());
+  EXPECT_EQ(r["params"]["gpus"], "8");
+  EXPECT_EQ(r["params"]["world_size"], "8");
+  EXPECT_EQ(r["params"]["backend"], "sim");
+  EXPECT_EQ(r["params"]["gpu_type"], "H100");
+  EXPECT_EQ(r["params"]["timeout"], "10800000ms");
+  // A function in an anonymous namespace has no symbol: the run names its type.
+  EXPECT_EQ(r["params"]["function"], "a function of type int (int)");
+
+  json expected_loss = json::array();
+  for (int step = 0; step < kSteps; ++step) {
+    for (int rank = 0; rank < kRanks; ++rank)
+      expected_loss.push_back({step, rank_value(rank, step)});
+  }
+  json loss = json::array();
+  for (const json& point : r["metrics"]["loss"]) loss.push_back({point[0], point[1]});
+  std::sort(expected_loss.begin(), expected_loss.end());
+  std::sort(loss.begin(), loss.end());
+  EXPECT_EQ(loss, expected_loss);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::string key = "rank_" + std::to_string(rank) + "/acc";
+    ASSERT_EQ(r["metrics"][key].size(), static_cast<std::size_t>(kSteps)) << key;
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(r["metrics"][key][step][0], step);
+      EXPECT_EQ(r["metrics"][key][step][1], rank_value(rank, step) / 1000);
+    }
+    EXPECT_EQ(r["params"]["rank_" + std::to_string(rank) + "/seed"], std::to_string(rank * 7));
+    EXPECT_EQ(r["tags"]["rank_" + std::to_string(rank)], "ran");
+  }
+}
+
+TEST_P(Tracking, MlflowRunIdInTheCallersEnvironmentMakesTheCallItsChild) {
+  auto store = sgpu::tracking::open_store(uri_);
+  const auto parent = store->create_run("0", "outer", sgpu::tracking::now_ms(), {});
+  ::setenv("MLFLOW_RUN_ID", parent.run_id.c_str(), 1);
+  sgpu::Options o = options(2);
+  o.experiment.clear();
+  sgpu::distributed(train, o).distributed(1);
+  ::unsetenv("MLFLOW_RUN_ID");
+  const json r = run(only_child(parent.run_id));
+  EXPECT_EQ(r["tags"]["mlflow.parentRunId"], parent.run_id);
+  EXPECT_EQ(r["info"]["experiment_id"], "0");
+  EXPECT_EQ(r["info"]["status"], "FINISHED");
+}
+
+TEST_P(Tracking, AFailedCallsRunIsFailedWithWhatRanksLoggedBeforehand) {
+  sgpu::tracking::Run scope("failure", "sgpu tracking test", uri_);
+  EXPECT_THROW(sgpu::distributed(fail_on_rank_3, options(4)).distributed(0),
+               sgpu::DistributedError);
+  const json r = run(only_child(scope.run_id()));
+  EXPECT_EQ(r["info"]["status"], "FAILED");
+  // Rank 3 flushed as it threw; the others as they were torn down or returned.
+  EXPECT_EQ(r["metrics"]["before_failure"].size(), 4u) << r["metrics"].dump();
+}
+
+TEST_P(Tracking, ATimedOutCallsRunIsKilledWithWhatRanksLoggedBeforeTeardown) {
+  sgpu::tracking::Run scope("timeout", "sgpu tracking test", uri_);
+  sgpu::Options o = options(4);
+  o.timeout = std::chrono::seconds(3);
+  EXPECT_THROW(sgpu::distributed(hang_after_logging, o).distributed(0), sgpu::TimeoutError);
+  const json r = run(only_child(scope.run_id()));
+  EXPECT_EQ(r["info"]["status"], "KILLED");
+  EXPECT_EQ(r["metrics"]["before_timeout"].size(), 4u) << r["metrics"].dump();
+}
+
+TEST_P(Tracking, BadInputIsRefusedAtTheCallOrStoredAsMlflowStoresItAndNeighboursArrive) {
+  sgpu::tracking::Run scope("bad input", "sgpu tracking test", uri_);
+  const auto refused = sgpu::distributed(bad_input, options(2)).distributed(0);
+  EXPECT_EQ(refused, (std::vector<int>{2, 2}));
+  const json r = run(only_child(scope.run_id()));
+  EXPECT_EQ(r["info"]["status"], "FINISHED");
+  for (const json& point : r["metrics"]["nan"]) EXPECT_EQ(point[1], "nan");
+  ASSERT_EQ(r["metrics"]["nan"].size(), 2u);
+  // The file store keeps infinities; a database-backed server stores them as the
+  // largest double, as MLflow does.
+  for (const json& point : r["metrics"]["inf"]) {
+    if (GetParam() == Where::kFiles) {
+      EXPECT_EQ(point[1], "inf");
+    } else {
+      EXPECT_EQ(point[1].get<double>(), std::numeric_limits<double>::max());
+    }
+  }
+  for (const json& point : r["metrics"]["neg_inf"]) {
+    if (GetParam() == Where::kFiles) {
+      EXPECT_EQ(point[1], "-inf");
+    } else {
+      EXPECT_EQ(point[1].get<double>(), -std::numeric_limits<double>::max());
+    }
+  }
+  EXPECT_EQ(r["params"]["long_value"].get<std::string>(), std::string(6000, 'v'));
+  for (int rank = 0; rank < 2; ++rank) {
+    const json& many = r["metrics"]["many/r" + std::to_string(rank)];
+    ASSERT_EQ(many.size(), 10'000u);
+    for (int i = 0; i < 10'000; i += 997) {
+      EXPECT_EQ(many[i][0], i);
+      EXPECT_EQ(many[i][1].get<double>(), i);
+    }
+  }
+  EXPECT_EQ(r["metrics"]["after_bad_ones"].size(), 2u);
+}
+
+TEST(TrackingFiles, MlflowMigrateFilestoreMovesTheRunsIntoADatabase) {
+  const auto dir = sgpu::testing::make_temp_dir("sgpu-migrate");
+  const std::string files = "file://" + (dir / "mlruns").string();
+  sgpu::tracking::Run scope("migrated", "sgpu tracking test", files);
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.tracking_uri = files;
+  sgpu::distributed(train, o).distributed(kSteps);
+  const json children = reader().ask({{"uri", files}, {"children", scope.run_id()}});
+  ASSERT_EQ(children.size(), 1u);
+  const std::string id = children[0];
+  const json before = reader().ask({{"uri", files}, {"runs", {id}}})[id];
+  const std::string database = "sqlite:///" + (dir / "migrated.db").string();
+  reader().ask({{"migrate", (dir / "mlruns").string()}, {"target", database}});
+  const json after = reader().ask({{"uri", database}, {"runs", {id}}})[id];
+  EXPECT_EQ(after["info"]["status"], "FINISHED");
+  EXPECT_EQ(after["params"], before["params"]);
+  EXPECT_EQ(after["tags"]["mlflow.parentRunId"], scope.run_id());
+  EXPECT_EQ(after["metrics"], before["metrics"]);
+  EXPECT_EQ(after["metrics"]["loss"].size(), static_cast<std::size_t>(2 * kSteps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Tracking, ::testing::Values(Where::kFiles, Where::kServer),
+                         [](const auto& info) {
+                           return info.param == Where::kServer ? "server" : "files";
+                         });
+
+TEST(TrackingServer, StoppedMidRunAndBackEveryMetricArrivesOnce) {
+  sgpu::testing::TcpRelay relay(server().port());
+  const std::string uri = relay.uri();
+  sgpu::tracking::Run scope("outage", "sgpu tracking test", server().uri());
+  sgpu::Options o;
+  o.gpus = 4;
+  o.backend = "sim";
+  o.tracking_uri = uri;
+  o.experiment = "sgpu tracking test";
+  constexpr int kCount = 120;  // 3 s of logging per rank
+  auto launch = sgpu::distributed(log_through_outage, o).launch(kCount);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  relay.stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  relay.start();
+  launch.wait();
+  const json children = reader().ask({{"uri", server().uri()}, {"children", scope.run_id()}});
+  ASSERT_EQ(children.size(), 1u);
+  const std::string id = children[0];
+  const json r = reader().ask({{"uri", server().uri()}, {"runs", {id}}})[id];
+  EXPECT_EQ(r["info"]["status"], "FINISHED");
+  ASSERT_EQ(r["metrics"]["steady"].size(), static_cast<std::size_t>(4 * kCount));
+  std::set<double> values;
+  for (const json& point : r["metrics"]["steady"]) values.insert(point[1].get<double>());
+  EXPECT_EQ(values.size(), static_cast<std::size_t>(4 * kCount));
+}
+
+TEST(TrackingOff, WritesNothing) {
+  const auto files = sgpu::testing::make_temp_dir("sgpu-off");
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.tracking_uri = "file://" + (files / "mlruns").string();
+  o.tracking = false;
+  sgpu::distributed(train, o).distributed(2);
+  EXPECT_FALSE(std::filesystem::exists(files / "mlruns"));
+  o.tracking = true;
+  ::setenv("SGPU_TRACKING", "off", 1);
+  sgpu::distributed(train, o).distributed(2);
+  ::unsetenv("SGPU_TRACKING");
+  EXPECT_FALSE(std::filesystem::exists(files / "mlruns"));
+}
+
+}  // namespace
