@@ -1,6 +1,7 @@
 // The reference training job: a small MLP trained with Adam on random data, inside one
 // distributed function on 8 H100s (simulated ones with SGPU_BACKEND=sim), with DDP, FSDP
-// or ZeRO-2. Each rank prints its loss per epoch; the caller prints every rank's result.
+// or ZeRO-2. Each rank logs its loss at every step to the call's MLflow run and prints its
+// total per epoch; the caller prints every rank's result and where the run is shown.
 //
 //   SGPU_BACKEND=sim build/bin/mlp_train                      # 8 simulated H100s, DDP
 //   build/bin/mlp_train --strategy fsdp --epochs 3 --batch-size 1
@@ -64,6 +65,7 @@ RankResult train(const Job& job, Step&& step) {
   const at::Tensor targets = torch::randn({job.samples, 1}).to(device);
   auto sampler = sgpu::parallel::distributed_sampler(job.samples);
   RankResult result{sgpu::global_rank(), sgpu::device(), 0, {}};
+  std::int64_t global_step = 0;
   for (int epoch = 0; epoch < job.epochs; ++epoch) {
     sampler.set_epoch(epoch);
     sampler.reset();
@@ -73,11 +75,13 @@ RankResult train(const Job& job, Step&& step) {
       const at::Tensor index =
           torch::tensor(std::vector<int64_t>(indices->begin(), indices->end())).to(device);
       const double loss = step(features.index_select(0, index), targets.index_select(0, index));
+      sgpu::log_metric("rank_" + std::to_string(result.rank) + "/train_loss", loss, global_step++);
       total += loss;
       ++steps;
     }
     std::printf("rank %d epoch %d: total loss %.4f over %lld steps\n", result.rank, epoch, total,
                 static_cast<long long>(steps));
+    sgpu::log_metric("rank_" + std::to_string(result.rank) + "/epoch_loss", total, epoch);
     result.steps += steps;
     std::fflush(stdout);
     result.epoch_loss.push_back(total);
@@ -151,7 +155,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.name = "mlp_train";
   try {
-    const std::vector<RankResult> results = sgpu::distributed(train_mlp, options).distributed(job);
+    auto launch = sgpu::distributed(train_mlp, options).launch(job);
+    const std::vector<RankResult> results = launch.wait();
     std::cout << "results (" << job.strategy << ", " << job.epochs << " epochs, batch size "
               << job.batch_size << "):\n";
     for (const RankResult& r : results) {
@@ -160,6 +165,8 @@ int main(int argc, char** argv) {
       for (double loss : r.epoch_loss) std::printf(" %.4f", loss);
       std::cout << "\n";
     }
+    if (!launch.tracking_link().empty())
+      std::cout << "MLflow run: " << launch.tracking_link() << "\n";
   } catch (const sgpu::Error& e) {
     std::cerr << e.what() << std::endl;
     return 1;

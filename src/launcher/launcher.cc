@@ -126,6 +126,7 @@ class CallImpl final : public detail::Call {
         selection_(std::move(selection)),
         run_dir_(std::move(run_dir)),
         tracking_(std::move(tracking)),
+        tracking_link_(tracking_ ? tracking_->link() : std::string()),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
   ~CallImpl() override {
@@ -160,6 +161,7 @@ class CallImpl final : public detail::Call {
 
   const std::filesystem::path& run_dir() const override { return run_dir_; }
   const std::string& gpu_type() const override { return selection_.gpu_type; }
+  const std::string& tracking_link() const override { return tracking_link_; }
 
   [[noreturn]] void raise_bad_result(int rank, const std::string& why) override {
     std::vector<RankFailure> rows;
@@ -535,6 +537,7 @@ class CallImpl final : public detail::Call {
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
   const std::unique_ptr<tracking::CallRun> tracking_;
+  const std::string tracking_link_;
   bool tracking_unsent_ = false;  // spooled entries are still in the run folder
   UniqueFd cancel_fd_;
   std::unique_ptr<RankStarter> starter_;

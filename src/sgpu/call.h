@@ -30,6 +30,8 @@ class Call {
   virtual void cancel() = 0;
   virtual const std::filesystem::path& run_dir() const = 0;
   virtual const std::string& gpu_type() const = 0;  // requested or detected
+  // Where the call's MLflow run is shown (web link or folder); empty when untracked.
+  virtual const std::string& tracking_link() const = 0;
   // The caller decoded every result: the run folder is removed unless kept.
   virtual void results_taken() = 0;
   // Raises the DistributedError for a result that did not decode on the caller's side

@@ -97,6 +97,9 @@ class Launch {
   void cancel() { call_->cancel(); }
   const std::filesystem::path& run_dir() const { return call_->run_dir(); }
   const std::string& gpu_type() const { return call_->gpu_type(); }
+  // Where the call's MLflow run is shown: a web link for a tracking server, the run's
+  // folder for the file store; empty when the call is not tracked.
+  const std::string& tracking_link() const { return call_->tracking_link(); }
 
  private:
   std::shared_ptr<detail::Call> call_;

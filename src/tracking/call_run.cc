@@ -129,6 +129,8 @@ std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() con
           {"SGPU_TRACKING", "on"}};
 }
 
+std::string CallRun::link() const { return store_->run_link(info_); }
+
 bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir) {
   bool all_sent = true;
   std::size_t resent = 0;

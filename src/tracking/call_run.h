@@ -46,6 +46,8 @@ class CallRun {
   bool end(RunStatus status, const std::filesystem::path& run_dir);
 
   const RunInfo& info() const { return info_; }
+  // Where the run is shown: a web link for a server, the run's folder for the file store.
+  std::string link() const;
 
  private:
   CallRun(std::unique_ptr<Store> store, RunInfo info);

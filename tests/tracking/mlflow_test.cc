@@ -168,6 +168,22 @@ TEST_P(Tracking, ACallIsAChildRunWithEveryRanksMetricsParamsAndTags) {
   }
 }
 
+TEST_P(Tracking, TheLaunchSaysWhereItsRunIsShown) {
+  sgpu::tracking::Run parent("parent", "sgpu tracking test", uri_);
+  auto launch = sgpu::distributed(train, options(2)).launch(1);
+  launch.wait();
+  const std::string id = only_child(parent.run_id());
+  const std::string link = launch.tracking_link();
+  if (GetParam() == Where::kServer) {
+    EXPECT_NE(link.find("/#/experiments/" + parent.experiment_id() + "/runs/" + id),
+              std::string::npos)
+        << link;
+  } else {
+    EXPECT_EQ(std::filesystem::path(link).filename(), id) << link;
+    EXPECT_TRUE(std::filesystem::is_directory(link)) << link;
+  }
+}
+
 TEST_P(Tracking, MlflowRunIdInTheCallersEnvironmentMakesTheCallItsChild) {
   auto store = sgpu::tracking::open_store(uri_);
   const auto parent = store->create_run("0", "outer", sgpu::tracking::now_ms(), {});
@@ -300,7 +316,9 @@ TEST(TrackingOff, WritesNothing) {
   o.backend = "sim";
   o.tracking_uri = "file://" + (files / "mlruns").string();
   o.tracking = false;
-  sgpu::distributed(train, o).distributed(2);
+  auto launch = sgpu::distributed(train, o).launch(2);
+  launch.wait();
+  EXPECT_EQ(launch.tracking_link(), "");
   EXPECT_FALSE(std::filesystem::exists(files / "mlruns"));
   o.tracking = true;
   ::setenv("SGPU_TRACKING", "off", 1);
