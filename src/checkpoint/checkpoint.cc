@@ -500,6 +500,10 @@ at::Tensor CheckpointReader::read_flat(const std::string& name, std::int64_t off
     throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
                           std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
   }
+  // A piece that is exactly the range needs no copy.
+  for (const auto& piece : r.pieces) {
+    if (piece.offset == offset && piece.numel == numel) return read_piece(name, piece);
+  }
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(scalar_type_of(r.dtype)));
   std::int64_t covered = 0;
   for (const auto& piece : r.pieces) {
