@@ -328,10 +328,18 @@ std::uint64_t write_safetensors(const std::filesystem::path& path,
   metadata.emplace("format", "pt");
   json header = json::object();
   header["__metadata__"] = metadata;
+  // Larger elements first (stable), as Python's safetensors does: every tensor then starts
+  // at a multiple of its element size, since the data section starts 8-byte aligned.
+  std::vector<std::size_t> order(tensors.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return tensors[a].second.element_size() > tensors[b].second.element_size();
+  });
   std::vector<at::Tensor> contiguous;
   std::uint64_t offset = 0;
   std::set<std::string> names;
-  for (const auto& [name, tensor] : tensors) {
+  for (const std::size_t i : order) {
+    const auto& [name, tensor] = tensors[i];
     if (name == "__metadata__") fail(file, name, "the name is reserved for metadata");
     if (!names.insert(name).second) fail(file, name, "the name is given twice");
     const Dtype dtype = dtype_of(tensor.scalar_type());
@@ -365,8 +373,8 @@ std::uint64_t write_safetensors(const std::filesystem::path& path,
   };
   write_all(length, 8, "");
   write_all(text.data(), text.size(), "");
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    write_all(contiguous[i].data_ptr(), contiguous[i].nbytes(), tensors[i].first);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    write_all(contiguous[k].data_ptr(), contiguous[k].nbytes(), tensors[order[k]].first);
   }
   if (::fsync(fd) != 0) {
     const std::string why = errno_text();

@@ -95,7 +95,8 @@ class SafetensorsReader {
 };
 
 // Writes `tensors` (any contiguous-able CPU or device tensors) to `path` and fsyncs it.
-// Tensor data follows the order given; metadata gets "format": "pt" unless it has one.
+// Tensor data is ordered by element size, largest first, so each tensor is aligned to its
+// element size; metadata gets "format": "pt" unless it has one.
 // Returns the file's size.
 std::uint64_t write_safetensors(const std::filesystem::path& path,
                                 const std::vector<std::pair<std::string, at::Tensor>>& tensors,

@@ -79,6 +79,10 @@ TEST(Safetensors, EveryDtypeRoundTrips) {
   EXPECT_EQ(reader.header().metadata.at("format"), "pt");
   EXPECT_EQ(reader.header().metadata.at("step"), "7");
   EXPECT_EQ(reader.header().data_start % 8, 0u);
+  for (const auto& entry : reader.header().tensors) {
+    EXPECT_EQ((reader.header().data_start + entry.begin) % dtype_size(entry.dtype), 0u)
+        << entry.name;
+  }
   for (const auto& [name, tensor] : tensors) {
     const at::Tensor back = reader.read(name);
     EXPECT_EQ(back.scalar_type(), tensor.scalar_type()) << name;
