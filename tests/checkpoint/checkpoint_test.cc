@@ -12,6 +12,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -308,6 +310,42 @@ TEST(Checkpoint, ACrashAtAnyWritePointLeavesThePreviousCheckpointAndAnIncomplete
                sgpu::DistributedError);
   EXPECT_EQ(read_all(previous), saved);
   (void)first;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, std::vector<at::Tensor> params) {
+  if (kind == 0)
+    return std::make_unique<torch::optim::Adam>(params,
+                                                torch::optim::AdamOptions(0.01).amsgrad(true));
+  if (kind == 1)
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+Values train_steps(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, int first,
+                   int steps) {
+  for (int s = first; s < first + steps; ++s) {
+    optimizer.zero_grad();
+    auto [x, y] = batch(s, 0, 1);
+    F::mse_loss(model->forward(x), y).backward();
+    optimizer.step();
+  }
+  return values_of(*model);
+}
+
+TEST(Checkpoint, AdamAmsgradAdamWAndSgdMomentumResumeInOneProcess) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const fs::path dir = temp_dir("optimizer-" + std::to_string(kind));
+    auto model = make_model();
+    auto optimizer = make_optimizer(kind, model->parameters());
+    train_steps(model, *optimizer, 0, 2);
+    save(dir, *model, optimizer.get());
+    const Values uninterrupted = train_steps(model, *optimizer, 2, 3);
+    auto resumed = make_model({5, 7, 3});
+    auto fresh = make_optimizer(kind, resumed->parameters());
+    load(CheckpointReader(dir), *resumed, fresh.get());
+    expect_close(train_steps(resumed, *fresh, 2, 3), uninterrupted,
+                 "optimizer " + std::to_string(kind), 1e-12);
+  }
 }
 
 // One-process checkpoint to damage.
