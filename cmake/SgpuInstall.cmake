@@ -2,7 +2,7 @@
 include(CMakePackageConfigHelpers)
 
 set(_sgpu_exported sgpu_headers sgpu_errors sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
-  sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel)
+  sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
 if(SGPU_WITH_CUDA)
   list(APPEND _sgpu_exported sgpu_backend_cuda)
 endif()
@@ -29,7 +29,7 @@ if(SGPU_WITH_CUDA)
   install(TARGETS sgpu_cuda_runtime LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(TARGETS sgpu_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir sgpu serialize backend launcher tracking parallel)
+foreach(dir sgpu serialize backend launcher tracking parallel checkpoint data)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
     FILES_MATCHING PATTERN "*.h" PATTERN "mains" EXCLUDE PATTERN "table" EXCLUDE)
 endforeach()

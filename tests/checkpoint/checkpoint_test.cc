@@ -1,0 +1,484 @@
+// Distributed checkpoints: saved by 4 FSDP ranks (or ZeRO, DDP, one process), loaded into
+// 2 and 3 FSDP ranks, one process, DDP and ZeRO with equal values, and training resumed
+// from them reaches what uninterrupted training reaches (optimizer state included); a
+// rank killed at any write point leaves the previous checkpoint loadable and the new one
+// incomplete; every bad input is an error naming the file and the tensor; Python's
+// safetensors reads the files.
+#include "checkpoint/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "parallel/ddp.h"
+#include "parallel/fsdp.h"
+#include "parallel/zero.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace F = torch::nn::functional;
+using namespace sgpu::checkpoint;
+using Values = std::map<std::string, std::vector<double>>;
+
+constexpr int kRows = 12;  // global batch: divisible by every world size used here
+
+torch::nn::Sequential make_model(std::vector<int> widths = {5, 7, 3}) {
+  torch::manual_seed(11);
+  torch::nn::Sequential model;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    model->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    if (i + 2 < widths.size()) model->push_back(torch::nn::Tanh());
+  }
+  model->to(torch::kDouble);
+  return model;
+}
+
+// The rank's rows of step s's global batch.
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world) {
+  torch::manual_seed(1000 + step);
+  auto options = torch::TensorOptions().dtype(torch::kDouble);
+  const at::Tensor x = torch::randn({kRows, 5}, options), y = torch::randn({kRows, 3}, options);
+  const int per = kRows / world;
+  return {x.narrow(0, rank * per, per), y.narrow(0, rank * per, per)};
+}
+
+std::vector<double> flat(const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(torch::kDouble).contiguous().reshape(-1);
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
+Values values_of(const torch::nn::Module& module) {
+  Values out;
+  for (const auto& item : module.named_parameters()) out[item.key()] = flat(item.value());
+  return out;
+}
+
+struct Job {
+  std::string strategy;  // "fsdp", "ddp", "zero"
+  std::string load_from;
+  int first_step = 0;
+  int steps_before_save = 0;
+  std::string save_to;
+  int steps_after_save = 0;
+  int crash_rank = -1;
+  std::string crash_point;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(strategy, load_from, first_step, steps_before_save, save_to, steps_after_save, crash_rank,
+       crash_point);
+  }
+};
+
+struct Outcome {
+  Values saved;                     // rank 0: the full parameters when saved
+  Values final_values;              // rank 0: the full parameters at the end
+  std::vector<std::string> points;  // the write points this rank passed
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(saved, final_values, points);
+  }
+};
+
+sgpu::parallel::ZeroConfig zero_config(int world) {
+  return sgpu::parallel::ZeroConfig::parse(
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},)"
+      R"( "optimizer": {"type": "Adam", "params": {"lr": 0.01, "adam_w_mode": false}}})");
+}
+
+// In each rank: optionally load, train, optionally save, train on.
+Outcome run_job(Job job) {
+  const int rank = sgpu::global_rank(), world = sgpu::world_size();
+  Outcome outcome;
+  SaveOptions options;
+  options.on_write_point = [&](const std::string& point) {
+    outcome.points.push_back(point);
+    if (rank == job.crash_rank && point == job.crash_point) ::_exit(17);
+  };
+  int step = job.first_step;
+  auto phase = [&](auto&& train_step, auto&& full, auto&& save_now) {
+    for (int i = 0; i < job.steps_before_save; ++i) train_step(step++);
+    if (!job.save_to.empty()) {
+      outcome.saved = full();
+      save_now();
+    }
+    for (int i = 0; i < job.steps_after_save; ++i) train_step(step++);
+    outcome.final_values = full();
+  };
+  if (job.strategy == "fsdp") {
+    sgpu::parallel::FullyShardedDataParallel fsdp(make_model());
+    torch::optim::Adam optimizer(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    if (!job.load_from.empty()) load(CheckpointReader(job.load_from), fsdp, &optimizer);
+    auto full = [&] {
+      Values out;
+      for (const auto& [name, t] : fsdp.full_state_dict(true)) out[name] = flat(t);
+      return out;
+    };
+    phase(
+        [&](int s) {
+          optimizer.zero_grad();
+          auto [x, y] = batch(s, rank, world);
+          F::mse_loss(fsdp.forward(x), y).backward();
+          optimizer.step();
+        },
+        full, [&] { save(job.save_to, fsdp, &optimizer, options); });
+  } else if (job.strategy == "ddp") {
+    sgpu::parallel::DistributedDataParallel ddp(make_model());
+    torch::optim::Adam optimizer(ddp.parameters(), torch::optim::AdamOptions(0.01));
+    if (!job.load_from.empty()) load(CheckpointReader(job.load_from), *ddp.module(), &optimizer);
+    phase(
+        [&](int s) {
+          optimizer.zero_grad();
+          auto [x, y] = batch(s, rank, world);
+          F::mse_loss(ddp.forward(x), y).backward();
+          optimizer.step();
+        },
+        [&] { return values_of(*ddp.module()); },
+        [&] { save(job.save_to, *ddp.module(), &optimizer, options); });
+  } else {
+    auto model = make_model();
+    sgpu::parallel::ZeroOptimizer zero(model->parameters(), zero_config(world));
+    if (!job.load_from.empty()) load(CheckpointReader(job.load_from), *model, zero);
+    phase(
+        [&](int s) {
+          auto [x, y] = batch(s, rank, world);
+          zero.backward(F::mse_loss(model->forward(x), y));
+          zero.step();
+        },
+        [&] { return values_of(*model); }, [&] { save(job.save_to, *model, zero, options); });
+  }
+  if (rank != 0) outcome.saved.clear(), outcome.final_values.clear();
+  return outcome;
+}
+
+sgpu::Options sim(int gpus) {
+  sgpu::Options options;
+  options.gpus = gpus;
+  options.backend = "sim";
+  options.console_ranks = std::vector<int>{};
+  return options;
+}
+
+Outcome launch(const Job& job, int gpus) {
+  return sgpu::distributed(run_job, sim(gpus)).distributed(job).front();
+}
+
+// One process, no ranks: load, train `steps` from first_step on the whole batch.
+Values train_one_process(const std::string& from, int first_step, int steps) {
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+  if (!from.empty()) load(CheckpointReader(from), *model, &optimizer);
+  for (int s = first_step; s < first_step + steps; ++s) {
+    optimizer.zero_grad();
+    auto [x, y] = batch(s, 0, 1);
+    F::mse_loss(model->forward(x), y).backward();
+    optimizer.step();
+  }
+  return values_of(*model);
+}
+
+void expect_close(const Values& got, const Values& want, const std::string& what,
+                  double tol = 1e-9) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << what << ": no " << name;
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), w.size()) << what << ": " << name;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_NEAR(g[i], w[i], tol * (1 + std::abs(w[i])))
+          << what << ": " << name << "[" << i << "]";
+    }
+  }
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("sgpu-checkpoint-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+Values read_all(const fs::path& dir) {
+  CheckpointReader reader(dir);
+  Values out;
+  for (const auto& [name, record] : reader.tensors()) {
+    if (name.rfind("optimizer/", 0) != 0) out[name] = flat(reader.read(name));
+  }
+  return out;
+}
+
+TEST(Checkpoint, FsdpOnFourRanksLoadsAtAnyWorldSizeAndStrategyAndResumesTraining) {
+  const fs::path dir = temp_dir("fsdp4");
+  Job job{
+      .strategy = "fsdp", .steps_before_save = 3, .save_to = dir.string(), .steps_after_save = 3};
+  const Outcome reference = launch(job, 4);
+  ASSERT_TRUE(is_complete(dir));
+  const CheckpointReader reader(dir);
+  EXPECT_EQ(reader.world_size(), 4);
+  EXPECT_EQ(reader.strategy(), "fsdp");
+  // Exactly what was saved, in one process.
+  EXPECT_EQ(read_all(dir), reference.saved);
+  EXPECT_TRUE(reader.contains("optimizer/0.weight/exp_avg"));
+  EXPECT_TRUE(reader.contains("optimizer/2.bias/step"));
+  EXPECT_EQ(reader.read("optimizer/2.bias/step").item<std::int64_t>(), 3);
+
+  // Resumed anywhere, three more steps reach what the uninterrupted run reached.
+  const Job resume{
+      .strategy = "fsdp", .load_from = dir.string(), .first_step = 3, .steps_before_save = 3};
+  for (const int world : {2, 3}) {
+    const Outcome got = launch(resume, world);
+    expect_close(got.final_values, reference.final_values,
+                 "FSDP on " + std::to_string(world) + " ranks");
+  }
+  Job ddp = resume;
+  ddp.strategy = "ddp";
+  expect_close(launch(ddp, 2).final_values, reference.final_values, "DDP on 2 ranks");
+  Job zero = resume;
+  zero.strategy = "zero";
+  expect_close(launch(zero, 2).final_values, reference.final_values, "ZeRO-2 on 2 ranks");
+  expect_close(train_one_process(dir, 3, 3), reference.final_values, "one process");
+  // Loaded without training: the saved values exactly.
+  EXPECT_EQ(train_one_process(dir, 0, 0), reference.saved);
+}
+
+TEST(Checkpoint, ZeroAndDdpCheckpointsLoadIntoFsdp) {
+  for (const std::string strategy : {"zero", "ddp"}) {
+    const fs::path dir = temp_dir(strategy);
+    const Outcome reference = launch({.strategy = strategy,
+                                      .steps_before_save = 2,
+                                      .save_to = dir.string(),
+                                      .steps_after_save = 2},
+                                     2);
+    EXPECT_EQ(read_all(dir), reference.saved) << strategy;
+    const Outcome got = launch(
+        {.strategy = "fsdp", .load_from = dir.string(), .first_step = 2, .steps_before_save = 2},
+        3);
+    expect_close(got.final_values, reference.final_values, strategy + " into FSDP on 3 ranks");
+  }
+}
+
+TEST(Checkpoint, ACrashAtAnyWritePointLeavesThePreviousCheckpointAndAnIncompleteNewOne) {
+  const fs::path previous = temp_dir("previous"), next = temp_dir("next");
+  const Outcome first =
+      launch({.strategy = "fsdp", .steps_before_save = 1, .save_to = previous.string()}, 2);
+  const Values saved = read_all(previous);
+  // Every write point of a save on 2 ranks, by rank.
+  const auto runs = sgpu::distributed(run_job, sim(2))
+                        .distributed(Job{.strategy = "fsdp",
+                                         .load_from = previous.string(),
+                                         .save_to = temp_dir("probe").string()});
+  int crashes = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_GE(runs[rank].points.size(), 3u);
+    for (const std::string& point : runs[rank].points) {
+      fs::remove_all(next);
+      Job job{.strategy = "fsdp",
+              .load_from = previous.string(),
+              .save_to = next.string(),
+              .crash_rank = rank,
+              .crash_point = point};
+      EXPECT_THROW(launch(job, 2), sgpu::DistributedError) << rank << " " << point;
+      ++crashes;
+      EXPECT_EQ(read_all(previous), saved) << "after rank " << rank << " died at " << point;
+      const bool after_manifest = point == std::string("renamed:") + kManifestName;
+      EXPECT_EQ(is_complete(next), after_manifest) << rank << " " << point;
+      if (!after_manifest) {
+        EXPECT_THROW(CheckpointReader{next}, IncompleteCheckpointError) << rank << " " << point;
+      } else {
+        EXPECT_EQ(read_all(next), saved);
+      }
+    }
+  }
+  EXPECT_GE(crashes, 10);
+  // A complete checkpoint is never overwritten.
+  EXPECT_THROW(launch({.strategy = "fsdp", .save_to = previous.string()}, 2),
+               sgpu::DistributedError);
+  EXPECT_EQ(read_all(previous), saved);
+  (void)first;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, std::vector<at::Tensor> params) {
+  if (kind == 0)
+    return std::make_unique<torch::optim::Adam>(params,
+                                                torch::optim::AdamOptions(0.01).amsgrad(true));
+  if (kind == 1)
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+Values train_steps(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, int first,
+                   int steps) {
+  for (int s = first; s < first + steps; ++s) {
+    optimizer.zero_grad();
+    auto [x, y] = batch(s, 0, 1);
+    F::mse_loss(model->forward(x), y).backward();
+    optimizer.step();
+  }
+  return values_of(*model);
+}
+
+TEST(Checkpoint, AdamAmsgradAdamWAndSgdMomentumResumeInOneProcess) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const fs::path dir = temp_dir("optimizer-" + std::to_string(kind));
+    auto model = make_model();
+    auto optimizer = make_optimizer(kind, model->parameters());
+    train_steps(model, *optimizer, 0, 2);
+    save(dir, *model, optimizer.get());
+    const Values uninterrupted = train_steps(model, *optimizer, 2, 3);
+    auto resumed = make_model({5, 7, 3});
+    auto fresh = make_optimizer(kind, resumed->parameters());
+    load(CheckpointReader(dir), *resumed, fresh.get());
+    expect_close(train_steps(resumed, *fresh, 2, 3), uninterrupted,
+                 "optimizer " + std::to_string(kind), 1e-12);
+  }
+}
+
+// One-process checkpoint to damage.
+fs::path saved_small(const std::string& name) {
+  const fs::path dir = temp_dir(name);
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+  optimizer.zero_grad();
+  auto [x, y] = batch(0, 0, 1);
+  F::mse_loss(model->forward(x), y).backward();
+  optimizer.step();
+  save(dir, *model, &optimizer);
+  return dir;
+}
+
+std::string load_error(const fs::path& dir, std::vector<int> widths = {5, 7, 3},
+                       bool as_float = false) {
+  try {
+    auto model = make_model(widths);
+    if (as_float) model->to(torch::kFloat);
+    torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+    load(CheckpointReader(dir), *model, &optimizer);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "(no CheckpointError)";
+}
+
+void patch(const fs::path& file, std::size_t at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST(Checkpoint, BadInputNamesTheFileAndTheTensor) {
+  const std::string model_file = "model-00001-of-00001.safetensors";
+  {
+    const fs::path dir = saved_small("good");
+    EXPECT_EQ(load_error(dir), "(no CheckpointError)");
+    // The one-process checkpoint is what Hugging Face's index describes.
+    std::ifstream index(dir / kIndexName);
+    const auto json = nlohmann::json::parse(index);
+    EXPECT_EQ(json["weight_map"]["0.weight"], model_file);
+  }
+  struct Case {
+    std::string what;
+    std::function<void(const fs::path&)> damage;
+    std::string file, tensor, says;
+  };
+  const std::vector<Case> cases = {
+      {"missing file", [&](const fs::path& d) { fs::remove(d / model_file); }, model_file,
+       "0.weight", "missing"},
+      {"truncated",
+       [&](const fs::path& d) {
+         fs::resize_file(d / model_file, fs::file_size(d / model_file) - 20);
+       },
+       model_file, "2.bias", "truncated"},
+      {"corrupted data",
+       [&](const fs::path& d) {
+         const auto size = fs::file_size(d / model_file);
+         patch(d / model_file, size - 1, "\x7f");
+       },
+       model_file, "2.bias", "CRC-32"},
+      {"header lies about a shape",
+       [&](const fs::path& d) {
+         std::ifstream in(d / model_file, std::ios::binary);
+         std::string bytes((std::istreambuf_iterator<char>(in)), {});
+         const auto at = bytes.find("\"shape\":[7,5]");
+         ASSERT_NE(at, std::string::npos);
+         patch(d / model_file, at, "\"shape\":[7,6]");
+       },
+       model_file, "0.weight", "bytes"},
+      {"checksum in the manifest",
+       [&](const fs::path& d) {
+         std::ifstream in(d / kManifestName);
+         auto json = nlohmann::json::parse(in);
+         in.close();
+         json["tensors"]["0.bias"]["pieces"][0]["crc32"] = 12345;
+         std::ofstream(d / kManifestName) << json.dump();
+       },
+       model_file, "0.bias", "CRC-32"},
+  };
+  for (const auto& c : cases) {
+    const fs::path dir = saved_small("bad");
+    c.damage(dir);
+    const std::string message = load_error(dir);
+    EXPECT_NE(message.find(c.file), std::string::npos) << c.what << ": " << message;
+    EXPECT_NE(message.find("'" + c.tensor + "'"), std::string::npos) << c.what << ": " << message;
+    EXPECT_NE(message.find(c.says), std::string::npos) << c.what << ": " << message;
+  }
+  const fs::path dir = saved_small("fit");
+  std::string message = load_error(dir, {5, 8, 3});
+  EXPECT_NE(message.find(model_file), std::string::npos) << message;
+  EXPECT_NE(message.find("'0.weight'"), std::string::npos) << message;
+  EXPECT_NE(message.find("[8, 5]"), std::string::npos) << message;
+  message = load_error(dir, {5, 7, 3}, /*as_float=*/true);
+  EXPECT_NE(message.find("'0.weight'"), std::string::npos) << message;
+  EXPECT_NE(message.find("F64"), std::string::npos) << message;
+  fs::remove(dir / kManifestName);
+  EXPECT_THROW(CheckpointReader{dir}, IncompleteCheckpointError);
+}
+
+TEST(Checkpoint, PythonSafetensorsReadsEveryRanksFiles) {
+  const fs::path dir = temp_dir("python");
+  const Outcome reference =
+      launch({.strategy = "fsdp", .steps_before_save = 1, .save_to = dir.string()}, 2);
+  // Reassembled in Python from the index's weight map and the manifest's offsets.
+  const std::string script = R"(
+import json, sys, torch
+from safetensors.torch import load_file
+d = sys.argv[1]
+index = json.load(open(d + "/model.safetensors.index.json"))
+manifest = json.load(open(d + "/sgpu-checkpoint.json"))
+files = {f: load_file(d + "/" + f) for f in set(index["weight_map"].values())}
+out = {}
+for name, t in manifest["tensors"].items():
+    if name.startswith("optimizer/"):
+        continue
+    flat = torch.empty(int(torch.tensor(t["shape"]).prod()), dtype=torch.float64)
+    for p in t["pieces"]:
+        assert index["weight_map"][p["key"]] == p["file"]
+        flat[p["offset"]:p["offset"] + p["numel"]] = files[p["file"]][p["key"]].reshape(-1)
+    out[name] = flat.tolist()
+json.dump(out, open(d + "/python.json", "w"))
+)";
+  std::ofstream(dir / "read.py") << script;
+  ASSERT_EQ(std::system((std::string(SGPU_TEST_PYTHON) + " " + (dir / "read.py").string() + " " +
+                         dir.string())
+                            .c_str()),
+            0);
+  std::ifstream in(dir / "python.json");
+  const Values python = nlohmann::json::parse(in).get<Values>();
+  EXPECT_EQ(python, reference.saved);
+}
+
+}  // namespace
