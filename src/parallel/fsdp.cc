@@ -94,6 +94,13 @@ FsdpEngine::FsdpEngine(torch::nn::Module& root,
         flat = at::cat({flat, at::zeros({unit.padded_numel - unit.flat_numel}, flat.options())});
       }
       unit.data = flat.narrow(0, unit.shard_offset, shard_numel).clone();
+      // From here on the module's parameters view the unit's gathered buffer, whose
+      // storage is released and filled again in place (see free and gather).
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const FlatParamInfo& info = unit.params[i];
+        tensors[i].set_data(flat.narrow(0, info.offset, info.numel).view(info.shape));
+      }
+      full_.push_back(flat);
     }
     unit.data.set_requires_grad(true);
     units_.push_back(std::move(unit));
@@ -118,17 +125,18 @@ std::vector<int> FsdpEngine::units_in(const torch::nn::Module& module, bool chil
   return out;
 }
 
+// The gathered buffer's storage is released and allocated again in place, never replaced:
+// the module's parameters and the tensors autograd saved in forward view it, so what
+// backward reads is what gather() put back.
 void FsdpEngine::gather(int index) {
   if (gathered_[index]) return;
-  UnitShard& unit = units_[index];
-  at::Tensor full = at::empty({unit.padded_numel}, unit.data.options().requires_grad(false));
-  at::Tensor shard = unit.data.detach();
-  group_->_allgather_base(full, shard)->wait();
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < unit.params.size(); ++i) {
-    const FlatParamInfo& info = unit.params[i];
-    module_params_[index][i].set_data(full.narrow(0, info.offset, info.numel).view(info.shape));
-  }
+  c10::StorageImpl* storage = full_[index].storage().unsafeGetStorageImpl();
+  const std::size_t bytes =
+      static_cast<std::size_t>(full_[index].numel()) * full_[index].element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  at::Tensor shard = units_[index].data.detach();
+  group_->_allgather_base(full_[index], shard)->wait();
   gathered_[index] = true;
 }
 
@@ -138,10 +146,21 @@ void FsdpEngine::gather_all() {
 
 void FsdpEngine::free(int index) {
   if (!gathered_[index]) return;
-  torch::NoGradGuard no_grad;
-  for (auto& p : module_params_[index])
-    p.set_data(at::empty({0}, p.options().requires_grad(false)));
+  c10::StorageImpl* storage = full_[index].storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
   gathered_[index] = false;
+}
+
+void FsdpEngine::after_unit_forward(const std::vector<int>& units, at::Tensor& output) {
+  if (units.empty()) return;
+  if (output.requires_grad()) {
+    // Gathered again just before backward reaches these units.
+    output.register_hook([this, units](const at::Tensor&) {
+      for (const int unit : units) gather(unit);
+    });
+  }
+  for (const int unit : units) free(unit);
 }
 
 void FsdpEngine::free_all() {
@@ -153,14 +172,12 @@ void FsdpEngine::expect_backward(at::Tensor& output) {
     free_all();
     return;
   }
-  ++pending_backwards_;
   output.register_hook([this](const at::Tensor&) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   });
 }
 
 void FsdpEngine::finish_backward() {
-  pending_backwards_ = std::max(0, pending_backwards_ - 1);
   const std::int64_t world = group_->getSize();
   std::vector<int> reduced;
   std::vector<at::Tensor> outputs;
@@ -190,7 +207,7 @@ void FsdpEngine::finish_backward() {
       unit.data.mutable_grad() = grad;
     }
   }
-  if (pending_backwards_ == 0) free_all();
+  free_all();
 }
 
 std::vector<at::Tensor> FsdpEngine::parameters() const {

@@ -9,13 +9,15 @@
 //
 // A unit is a submodule whose parameters are flattened into one buffer, padded to a
 // multiple of the world size and split into equal shards. By default every direct child
-// with parameters is a unit, and the root's own parameters form one more. Before a unit
-// runs forward its parameters are all-gathered; the module's parameters then view the
-// gathered buffer. For torch::nn::Sequential the units are gathered one at a time, just
-// before each runs; for other modules all units are gathered when forward starts. At the
-// end of backward each unit's gradients are reduce-scattered and averaged into its shard's
-// gradient, and the gathered parameters are freed, so between steps a rank holds its
-// shards only. Without gradients (evaluation) each unit is freed right after its forward.
+// with parameters is a unit, and the root's own parameters form one more. The module's
+// parameters view the unit's gathered buffer, whose memory exists only while the unit
+// runs: it is all-gathered before the unit's forward and released after it, gathered
+// again when backward reaches the unit, and released when backward ends, after each
+// unit's gradients are reduce-scattered and averaged into its shard's gradient. For
+// torch::nn::Sequential the units are gathered one at a time, just before each runs; for
+// other modules all units are gathered when forward starts and released when it ends.
+// Between steps a rank holds its shards only, and the module's own parameters hold no
+// memory: read them through full_state_dict().
 //
 // Construction broadcasts rank 0's parameters and buffers first (sync_module_states).
 #pragma once
@@ -74,6 +76,9 @@ class FsdpEngine {
   void gather_all();
   void free(int unit);
   void free_all();
+  // After `units` ran forward with gradients into `output`: frees them, and gathers them
+  // again when backward reaches output.
+  void after_unit_forward(const std::vector<int>& units, at::Tensor& output);
   // After a forward with gradients: reduce-scatter when its backward ends.
   void expect_backward(at::Tensor& output);
 
@@ -90,8 +95,8 @@ class FsdpEngine {
   std::vector<UnitShard> units_;
   std::vector<std::vector<at::Tensor>> module_params_;  // per unit, the module's tensors
   std::vector<const torch::nn::Module*> unit_modules_;  // per unit; nullptr for the root's
+  std::vector<at::Tensor> full_;  // per unit, the gathered buffer the parameters view
   std::vector<bool> gathered_;
-  int pending_backwards_ = 0;
 };
 
 }  // namespace detail
@@ -115,6 +120,10 @@ class FullyShardedDataParallel {
     } else {
       engine_->gather_all();
       auto output = module_->forward(std::forward<Args>(args)...);
+      if constexpr (std::is_same_v<decltype(output), at::Tensor>) {
+        if (torch::GradMode::is_enabled())
+          engine_->after_unit_forward(engine_->units_in(*module_, true), output);
+      }
       finish_forward(output);
       return output;
     }
@@ -147,7 +156,8 @@ class FullyShardedDataParallel {
   at::Tensor forward_sequential(at::Tensor input) {
     at::Tensor x = std::move(input);
     const bool grad = torch::GradMode::is_enabled();
-    for (const int unit : engine_->units_in(*module_, /*children=*/false)) engine_->gather(unit);
+    const std::vector<int> root_units = engine_->units_in(*module_, /*children=*/false);
+    for (const int unit : root_units) engine_->gather(unit);
     // Units gathered one at a time, each just before it runs.
     for (auto& child : *module_) {
       const std::vector<int> units = engine_->units_in(*child.ptr(), /*children=*/true);
@@ -155,6 +165,8 @@ class FullyShardedDataParallel {
       x = child.forward(x);
       if (!grad) {
         for (const int unit : units) engine_->free(unit);
+      } else {
+        engine_->after_unit_forward(units, x);
       }
     }
     finish_forward(x);

@@ -13,6 +13,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -237,17 +238,22 @@ RC_GTEST_PROP(Strategies, EndWithTheParametersOfOneProcessOnTheConcatenatedBatch
 
 // Bytes of parameters, gradients and optimizer state a rank holds after a step.
 struct Held {
-  std::vector<double> bytes;  // DDP, FSDP, ZeRO-1, ZeRO-2: params, grads, state
+  std::vector<double> bytes;    // DDP, FSDP, ZeRO-1, ZeRO-2: params, grads, state
+  std::vector<double> between;  // DDP, FSDP: the module's parameters between forward and backward
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(bytes);
+    ar(bytes, between);
   }
 };
 
+// The memory behind the tensors: each storage once, whatever views it.
 double bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
   double total = 0;
   for (const auto& t : tensors) {
-    if (t.defined()) total += static_cast<double>(t.numel() * t.element_size());
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      total += static_cast<double>(t.storage().nbytes());
+    }
   }
   return total;
 }
@@ -280,7 +286,11 @@ Held memory_held(int seed) {
   auto step_on = [&](auto& model, std::vector<at::Tensor> optimized,
                      std::vector<at::Tensor> counted) {
     auto optimizer = make_optimizer(c, optimized);
-    F::mse_loss(model.forward(rows_of(x, c, 0, 0, rank)), rows_of(y, c, 0, 0, rank)).backward();
+    auto loss = F::mse_loss(model.forward(rows_of(x, c, 0, 0, rank)), rows_of(y, c, 0, 0, rank));
+    // Between forward and backward: the module's parameters (FSDP frees each unit after
+    // its forward and gathers it again for its backward).
+    held.between.push_back(bytes_of(model.module()->parameters()));
+    loss.backward();
     optimizer->step();
     held.bytes.push_back(bytes_of(counted));
     held.bytes.push_back(grad_bytes(counted));
@@ -313,6 +323,10 @@ TEST(Strategies, ShardedStrategiesHoldOneNthOfWhatDdpHolds) {
   for (int rank = 0; rank < kWorld; ++rank) {
     const auto& b = held[rank].bytes;
     ASSERT_EQ(b.size(), 12u);
+    ASSERT_EQ(held[rank].between.size(), 2u);
+    EXPECT_EQ(held[rank].between[0], b[0]) << "DDP holds its parameters throughout";
+    EXPECT_EQ(held[rank].between[1], 0)
+        << "rank " << rank << ": FSDP kept a unit gathered after its forward";
     const double ddp_params = b[0], ddp_grads = b[1], ddp_state = b[2];
     ASSERT_GT(ddp_params, 0);
     ASSERT_EQ(ddp_grads, ddp_params);
@@ -349,7 +363,7 @@ std::vector<std::string> fsdp_state_round_trip(Case c) {
   const at::Tensor expected = make_model(c)->forward(x).detach();
   report.push_back(torch::allclose(out, expected) ? "eval ok" : "eval differs");
   for (const auto& p : fsdp.module()->parameters()) {
-    if (p.numel() != 0) report.push_back("a unit stayed gathered after evaluation");
+    if (p.storage().nbytes() != 0) report.push_back("a unit stayed gathered after evaluation");
   }
   auto state = fsdp.full_state_dict(/*rank0_only=*/false);
   for (auto& [name, tensor] : state) tensor.mul_(2);
