@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--timeout", timeout, "Seconds, or none")->capture_default_str();
   run_cmd->add_option("--log-dir", log_dir, "Where run folders go");
   run_cmd->add_option("--ranks", ranks, "Ranks whose output the console shows, e.g. 0,3");
-  run_cmd->add_option("--run-name", run_name, "Name shown in errors");
+  run_cmd->add_option("--run-name", run_name, "Name of the launch in errors and of its MLflow run");
   run_cmd->add_option("--experiment", experiment,
                       "MLflow experiment of the launch's run (created if missing)");
   run_cmd->add_flag("--no-tracking", no_tracking, "Record no MLflow run (as SGPU_TRACKING=off)");

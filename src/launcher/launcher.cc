@@ -587,6 +587,7 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
   facts.backend = std::string(chosen.name());
   facts.gpu_type = selection.gpu_type;
   facts.program = runs_a_program;
+  facts.run_name = options.name;
   if (runs_a_program) {
     for (const std::string& word : command) {
       facts.function_name += (facts.function_name.empty() ? "" : " ") + word;

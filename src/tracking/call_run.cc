@@ -115,9 +115,11 @@ std::unique_ptr<CallRun> CallRun::begin(const Options& options, const CallFacts&
       {facts.program ? "command" : "function",
        truncate_value(facts.function_name, kMaxParamValueLength)},
   };
-  std::optional<OpenedRun> opened =
-      open_run(options.tracking_uri, options.experiment,
-               facts.function_name.empty() ? "sgpu call" : facts.function_name, tags, params);
+  std::optional<OpenedRun> opened = open_run(options.tracking_uri, options.experiment,
+                                             !facts.run_name.empty()       ? facts.run_name
+                                             : facts.function_name.empty() ? "sgpu call"
+                                                                           : facts.function_name,
+                                             tags, params);
   if (!opened) return nullptr;
   return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
 }

@@ -30,6 +30,7 @@ struct CallFacts {
   std::string gpu_type;
   std::string sim_node;  // empty off sim
   bool program = false;  // `sgpu run`: the function is a command
+  std::string run_name;  // Options::name; empty: the function's name
 };
 
 class CallRun {

@@ -99,9 +99,10 @@ TEST(SgpuRun, ACrashOnRankTwoExitsWithItsStatusAndLeavesNothing) {
 TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
   std::string dir = (std::filesystem::temp_directory_path() / "sgpu-cli-mlruns-XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--experiment", "cli", "--",
-                         "/bin/sh", "-c", "echo run=$MLFLOW_RUN_ID"},
-                        "MLFLOW_TRACKING_URI=file:" + dir);
+  const Result r =
+      sgpu({"run", "--gpus", "2", "--backend", "sim", "--experiment", "cli", "--run-name",
+            "nightly smoke", "--", "/bin/sh", "-c", "echo run=$MLFLOW_RUN_ID"},
+           "MLFLOW_TRACKING_URI=file:" + dir);
   EXPECT_EQ(r.status, 0) << r.output;
   const auto at = r.output.find("[rank 1] run=");
   ASSERT_NE(at, std::string::npos) << r.output;
@@ -116,6 +117,7 @@ TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
     std::ifstream in(meta);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     expect_has(text, "status: 3\n");  // FINISHED
+    expect_has(text, "run_name: 'nightly smoke'");
   }
   EXPECT_TRUE(found) << "no run " << run_id << " under " << dir;
   std::filesystem::remove_all(dir);
