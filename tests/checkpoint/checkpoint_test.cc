@@ -27,6 +27,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "sgpu/sgpu.h"
+#include "support/sim_options.h"
 
 namespace {
 
@@ -165,13 +166,7 @@ Outcome run_job(Job job) {
   return outcome;
 }
 
-sgpu::Options sim(int gpus) {
-  sgpu::Options options;
-  options.gpus = gpus;
-  options.backend = "sim";
-  options.console_ranks = std::vector<int>{};
-  return options;
-}
+sgpu::Options sim(int gpus) { return sgpu::testing::sim(gpus, /*quiet=*/true); }
 
 Outcome launch(const Job& job, int gpus) {
   return sgpu::distributed(run_job, sim(gpus)).distributed(job).front();

@@ -10,6 +10,7 @@
 
 #include "sgpu/sgpu.h"
 #include "support/process_table.h"
+#include "support/sim_options.h"
 
 namespace {
 
@@ -27,12 +28,7 @@ Seen look_around(int) {
               std::to_string(::getppid()) == std::getenv("SGPU_PARENT_PID") ? "yes" : "no"};
 }
 
-sgpu::Options sim(int gpus) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = gpus;
-  return options;
-}
+using sgpu::testing::sim;
 
 bool forking() {
   const char* method = std::getenv("SGPU_START_METHOD");

@@ -14,6 +14,7 @@
 #include "serialize/record.h"
 #include "sgpu/sgpu.h"
 #include "support/process_table.h"
+#include "support/sim_options.h"
 
 namespace {
 
@@ -58,12 +59,7 @@ RankView inspect(std::string payload) {
   return v;
 }
 
-sgpu::Options sim(int gpus) {
-  sgpu::Options options;
-  options.gpus = gpus;
-  options.backend = "sim";
-  return options;
-}
+using sgpu::testing::sim;
 
 RC_GTEST_PROP(Launcher, ResultsComeBackInRankOrderWithTheRankVariables, ()) {
   const int gpus = *rc::gen::inRange(1, 9);

@@ -22,6 +22,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "sgpu/sgpu.h"
+#include "support/sim_options.h"
 
 namespace {
 
@@ -196,13 +197,7 @@ std::vector<std::vector<double>> train_every_strategy(Case c) {
   return out;
 }
 
-sgpu::Options sim(int gpus) {
-  sgpu::Options options;
-  options.gpus = gpus;
-  options.backend = "sim";
-  options.console_ranks = std::vector<int>{};
-  return options;
-}
+sgpu::Options sim(int gpus) { return sgpu::testing::sim(gpus, /*quiet=*/true); }
 
 bool close(double a, double b) { return std::abs(a - b) <= 1e-5 * std::abs(b) + 1e-12; }
 
