@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <string>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <tuple>
 #include <unordered_map>
@@ -12,11 +11,7 @@
 #include "sgpu/errors.h"
 
 namespace sgpu::parallel::detail {
-namespace {
-
-constexpr std::int64_t kBroadcastBucketBytes = std::int64_t{250} << 20;  // as PyTorch's DDP
-
-}  // namespace
+namespace {}  // namespace
 
 DdpEngine::DdpEngine(torch::nn::Module& module, DdpOptions options,
                      c10::intrusive_ptr<c10d::ProcessGroup> group)
@@ -40,10 +35,7 @@ DdpEngine::DdpEngine(torch::nn::Module& module, DdpOptions options,
   // Rank 0's parameters and buffers, on every rank.
   std::vector<at::Tensor> state = params;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  if (!state.empty()) {
-    torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(group_, state, kBroadcastBucketBytes, 0);
-  }
+  broadcast_from_rank0(group_, state);
   if (params.empty()) return;  // nothing to average
 
   // Buckets as PyTorch's DDP makes them: by size, in reverse order of the parameters,
@@ -70,10 +62,7 @@ void DdpEngine::before_forward() {
     // gradients became ready; a no-op after that.
     reducer_->rebuild_buckets();
   }
-  if (options_.broadcast_buffers && !buffers_.empty() && sync_) {
-    torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(group_, buffers_, kBroadcastBucketBytes, 0);
-  }
+  if (options_.broadcast_buffers && sync_) broadcast_from_rank0(group_, buffers_);
   if (reducer_) reducer_->prepare_for_forward();
 }
 

@@ -4,15 +4,12 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <unordered_set>
 
 #include "sgpu/errors.h"
 
 namespace sgpu::parallel::detail {
 namespace {
-
-constexpr std::int64_t kBroadcastBucketBytes = std::int64_t{250} << 20;
 
 std::string shape_string(c10::IntArrayRef shape) {
   std::string out = "[";
@@ -32,10 +29,7 @@ FsdpEngine::FsdpEngine(torch::nn::Module& root,
   if (options.sync_module_states) {
     std::vector<at::Tensor> state = root_.parameters();
     for (const auto& buffer : root_.buffers()) state.push_back(buffer);
-    if (!state.empty()) {
-      torch::NoGradGuard no_grad;
-      c10d::broadcast_coalesced(group_, state, kBroadcastBucketBytes, 0);
-    }
+    broadcast_from_rank0(group_, state);
   }
 
   std::vector<const torch::nn::Module*> unit_list;
@@ -82,17 +76,12 @@ FsdpEngine::FsdpEngine(torch::nn::Module& root,
       }
       continue;
     }
-    unit.padded_numel = (unit.flat_numel + world - 1) / world * world;
+    unit.padded_numel = padded_to(unit.flat_numel, world);
     const std::int64_t shard_numel = unit.padded_numel / world;
     unit.shard_offset = rank * shard_numel;
     {
       torch::NoGradGuard no_grad;
-      std::vector<at::Tensor> flat_parts;
-      for (const auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1));
-      at::Tensor flat = at::cat(flat_parts);
-      if (unit.padded_numel > unit.flat_numel) {
-        flat = at::cat({flat, at::zeros({unit.padded_numel - unit.flat_numel}, flat.options())});
-      }
+      at::Tensor flat = flatten_padded(tensors, unit.padded_numel);
       unit.data = flat.narrow(0, unit.shard_offset, shard_numel).clone();
       // From here on the module's parameters view the unit's gathered buffer, whose
       // storage is released and filled again in place (see free and gather).

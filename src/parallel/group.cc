@@ -1,7 +1,10 @@
 #include "parallel/group.h"
 
+#include <torch/utils.h>
+
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "sgpu/process_group.h"
 #include "sgpu/runtime.h"
@@ -27,6 +30,29 @@ c10::intrusive_ptr<c10d::ProcessGroup> default_group() {
 
 std::string describe_rank(const c10d::ProcessGroup& group) {
   return "rank " + std::to_string(group.getRank()) + " of " + std::to_string(group.getSize());
+}
+
+void broadcast_from_rank0(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                          std::vector<at::Tensor> tensors) {
+  constexpr std::int64_t kBucketBytes = std::int64_t{250} << 20;  // as PyTorch's DDP
+  if (tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  c10d::broadcast_coalesced(group, tensors, kBucketBytes, 0);
+}
+
+std::int64_t padded_to(std::int64_t numel, std::int64_t world) {
+  return (numel + world - 1) / world * world;
+}
+
+at::Tensor flatten_padded(const std::vector<at::Tensor>& tensors, std::int64_t padded_numel) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts;
+  for (const auto& t : tensors) parts.push_back(t.detach().reshape(-1));
+  at::Tensor flat = at::cat(parts);
+  if (padded_numel > flat.numel()) {
+    flat = at::cat({flat, at::zeros({padded_numel - flat.numel()}, flat.options())});
+  }
+  return flat;
 }
 
 }  // namespace sgpu::parallel

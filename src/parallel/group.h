@@ -7,7 +7,10 @@
 // "cuda"), for the device type of the rank's tensors.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
 
 namespace sgpu::parallel {
 
@@ -16,5 +19,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> default_group();
 
 // "rank 2 of 4": how the strategies name the rank in their errors.
 std::string describe_rank(const c10d::ProcessGroup& group);
+
+// Overwrites `tensors` on every rank with rank 0's, in buckets as PyTorch's DDP does.
+// A no-op for no tensors.
+void broadcast_from_rank0(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                          std::vector<at::Tensor> tensors);
+
+// `numel` rounded up to a multiple of `world`, so that it splits into equal shards.
+std::int64_t padded_to(std::int64_t numel, std::int64_t world);
+
+// The tensors' elements in order, followed by zeros up to `padded_numel`; not tracked by
+// autograd.
+at::Tensor flatten_padded(const std::vector<at::Tensor>& tensors, std::int64_t padded_numel);
 
 }  // namespace sgpu::parallel

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "sgpu/errors.h"
 
@@ -179,22 +178,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params, ZeroConfig config,
     }
     flat_numel_ += p.numel();
   }
-  {
-    torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(group_, params_, std::int64_t{250} << 20, 0);
-  }
-  padded_numel_ = (flat_numel_ + world - 1) / world * world;
+  broadcast_from_rank0(group_, params_);
+  padded_numel_ = padded_to(flat_numel_, world);
   const std::int64_t part = padded_numel_ / world;
   partition_offset_ = group_->getRank() * part;
-  {
-    torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> parts;
-    for (const auto& p : params_) parts.push_back(p.detach().reshape(-1));
-    at::Tensor flat = at::cat(parts);
-    if (padded_numel_ > flat_numel_)
-      flat = at::cat({flat, at::zeros({padded_numel_ - flat_numel_}, flat.options())});
-    partition_ = flat.narrow(0, partition_offset_, part).clone();
-  }
+  partition_ = flatten_padded(params_, padded_numel_).narrow(0, partition_offset_, part).clone();
   partition_.set_requires_grad(true);
   std::vector<at::Tensor> mine{partition_};
   const bool decoupled =
