@@ -106,29 +106,29 @@ std::string escape_query(CURL* curl, const std::string& value) {
 
 }  // namespace
 
+namespace {
+
+// Appends `items` to `pieces` in batches of at most `limit`, each holding only them.
+template <class T>
+void append_chunks(std::vector<Batch>& pieces, const std::vector<T>& items, std::size_t limit,
+                   std::vector<T> Batch::*field) {
+  for (std::size_t i = 0; i < items.size(); i += limit) {
+    Batch piece;
+    const auto end = std::min(items.size(), i + limit);
+    (piece.*field)
+        .assign(items.begin() + static_cast<std::ptrdiff_t>(i),
+                items.begin() + static_cast<std::ptrdiff_t>(end));
+    pieces.push_back(std::move(piece));
+  }
+}
+
+}  // namespace
+
 std::vector<Batch> split_batch(const Batch& batch) {
   std::vector<Batch> pieces;
-  for (std::size_t i = 0; i < batch.params.size(); i += kMaxParamsTagsPerBatch) {
-    Batch piece;
-    const auto end = std::min(batch.params.size(), i + kMaxParamsTagsPerBatch);
-    piece.params.assign(batch.params.begin() + static_cast<std::ptrdiff_t>(i),
-                        batch.params.begin() + static_cast<std::ptrdiff_t>(end));
-    pieces.push_back(std::move(piece));
-  }
-  for (std::size_t i = 0; i < batch.tags.size(); i += kMaxParamsTagsPerBatch) {
-    Batch piece;
-    const auto end = std::min(batch.tags.size(), i + kMaxParamsTagsPerBatch);
-    piece.tags.assign(batch.tags.begin() + static_cast<std::ptrdiff_t>(i),
-                      batch.tags.begin() + static_cast<std::ptrdiff_t>(end));
-    pieces.push_back(std::move(piece));
-  }
-  for (std::size_t i = 0; i < batch.metrics.size(); i += kMaxMetricsPerBatch) {
-    Batch piece;
-    const auto end = std::min(batch.metrics.size(), i + kMaxMetricsPerBatch);
-    piece.metrics.assign(batch.metrics.begin() + static_cast<std::ptrdiff_t>(i),
-                         batch.metrics.begin() + static_cast<std::ptrdiff_t>(end));
-    pieces.push_back(std::move(piece));
-  }
+  append_chunks(pieces, batch.params, kMaxParamsTagsPerBatch, &Batch::params);
+  append_chunks(pieces, batch.tags, kMaxParamsTagsPerBatch, &Batch::tags);
+  append_chunks(pieces, batch.metrics, kMaxMetricsPerBatch, &Batch::metrics);
   return pieces;
 }
 
