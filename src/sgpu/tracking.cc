@@ -16,9 +16,14 @@ namespace {
 // Run's; nullptr when there is none (then logging does nothing).
 std::shared_ptr<tracking::RunLogger> current_logger() {
   if (launcher::started_as_rank()) {
-    tracking::RunLogger* logger = tracking::rank_logger();
-    // The rank's logger lives until the process ends; the shared_ptr does not own it.
-    return logger != nullptr ? std::shared_ptr<tracking::RunLogger>(logger, [](auto*) {}) : nullptr;
+    // The rank's logger is made once and lives until the process ends; the shared_ptr,
+    // made once too, does not own it.
+    static const std::shared_ptr<tracking::RunLogger> rank = [] {
+      tracking::RunLogger* logger = tracking::rank_logger();
+      return logger != nullptr ? std::shared_ptr<tracking::RunLogger>(logger, [](auto*) {})
+                               : nullptr;
+    }();
+    return rank;
   }
   const auto scope = tracking::innermost_active_run();
   return scope ? scope->logger : nullptr;
