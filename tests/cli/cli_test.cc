@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/process_table.h"
+#include "support/temp_dir.h"
 
 extern char** environ;
 
@@ -97,8 +98,7 @@ TEST(SgpuRun, ACrashOnRankTwoExitsWithItsStatusAndLeavesNothing) {
 }
 
 TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
-  std::string dir = (std::filesystem::temp_directory_path() / "sgpu-cli-mlruns-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string dir = sgpu::testing::make_temp_dir("sgpu-cli-mlruns").string();
   const Result r =
       sgpu({"run", "--gpus", "2", "--backend", "sim", "--experiment", "cli", "--run-name",
             "nightly smoke", "--", "/bin/sh", "-c", "echo run=$MLFLOW_RUN_ID"},

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/temp_dir.h"
 #include "tracking/file/file_store.h"
 #include "tracking/rest/rest_store.h"
 #include "tracking/run_logger.h"
@@ -28,11 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path temp_root() {
-  std::string pattern = (fs::temp_directory_path() / "sgpu-store-test-XXXXXX").string();
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern) / "mlruns";
-}
+fs::path temp_root() { return sgpu::testing::make_temp_dir("sgpu-store-test") / "mlruns"; }
 
 std::string read(const fs::path& path) {
   std::ifstream in(path);
