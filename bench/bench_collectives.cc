@@ -429,12 +429,7 @@ int main(int argc, char** argv) {
   options.name = "collective_sweep";
   std::string backend;
   try {
-    if (config.timeout == "none") {
-      options.timeout = sgpu::kNoTimeout;
-    } else {
-      options.timeout =
-          std::chrono::milliseconds(static_cast<long long>(std::stod(config.timeout) * 1000));
-    }
+    options.timeout = sgpu::parse_timeout(config.timeout);
     backend = std::string(sgpu::backend::choose_backend(options).name());
     options.backend = backend;
     if (config.max_bytes.empty()) config.max_bytes = backend == "cuda" ? "256M" : "64M";

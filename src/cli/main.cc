@@ -190,16 +190,11 @@ int main(int argc, char** argv) {
   options.name = run_name;
   options.experiment = experiment;
   options.tracking = !no_tracking;
-  if (timeout == "none") {
-    options.timeout = sgpu::kNoTimeout;
-  } else {
-    try {
-      options.timeout =
-          std::chrono::milliseconds(static_cast<long long>(std::stod(timeout) * 1000));
-    } catch (const std::exception&) {
-      std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout << "\"\n";
-      return kUsageError;
-    }
+  try {
+    options.timeout = sgpu::parse_timeout(timeout);
+  } catch (const std::exception&) {
+    std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout << "\"\n";
+    return kUsageError;
   }
   if (!ranks.empty()) {
     try {

@@ -20,6 +20,13 @@ using Timeout = std::optional<std::chrono::milliseconds>;
 inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
 
+// A timeout as a command line gives it: "none", or seconds (fractions allowed). Throws
+// std::invalid_argument (or std::out_of_range) for anything else.
+inline Timeout parse_timeout(const std::string& text) {
+  if (text == "none") return kNoTimeout;
+  return std::chrono::milliseconds(static_cast<long long>(std::stod(text) * 1000));
+}
+
 // How rank processes start. kForkServer (what kAuto means) forks each rank from a warm
 // copy of the caller's binary, started once per caller, so the binary's load time is paid
 // once; kExec runs the binary anew for every rank, for programs whose static initialisers
