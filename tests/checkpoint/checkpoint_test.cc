@@ -3,7 +3,9 @@
 // from them reaches what uninterrupted training reaches (optimizer state included); a
 // rank killed at any write point leaves the previous checkpoint loadable and the new one
 // incomplete; every bad input is an error naming the file and the tensor; Python's
-// safetensors reads the files.
+// safetensors reads the files. The ranks run on the test backend (support/test_backend.h):
+// simulated, or the GPUs in the gpu-labelled instance, which saves from and loads into
+// CUDA tensors and skips the tests that need more ranks than there are GPUs.
 #include "checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <torch/optim/sgd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,7 +30,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "sgpu/sgpu.h"
-#include "support/sim_options.h"
+#include "support/test_backend.h"
 
 namespace {
 
@@ -49,17 +52,25 @@ torch::nn::Sequential make_model(std::vector<int> widths = {5, 7, 3}) {
   return model;
 }
 
-// The rank's rows of step s's global batch.
-std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world) {
+// The model on the rank's device: cuda:<local rank>, or the CPU of a simulated rank.
+torch::nn::Sequential make_rank_model() {
+  auto model = make_model();
+  model->to(at::Device(sgpu::device()));
+  return model;
+}
+
+// The rank's rows of step s's global batch (drawn on the CPU, then moved to `device`).
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world,
+                                        const at::Device& device = at::kCPU) {
   torch::manual_seed(1000 + step);
   auto options = torch::TensorOptions().dtype(torch::kDouble);
   const at::Tensor x = torch::randn({kRows, 5}, options), y = torch::randn({kRows, 3}, options);
   const int per = kRows / world;
-  return {x.narrow(0, rank * per, per), y.narrow(0, rank * per, per)};
+  return {x.narrow(0, rank * per, per).to(device), y.narrow(0, rank * per, per).to(device)};
 }
 
 std::vector<double> flat(const at::Tensor& t) {
-  const at::Tensor c = t.detach().to(torch::kDouble).contiguous().reshape(-1);
+  const at::Tensor c = t.detach().to(torch::kCPU, torch::kDouble).contiguous().reshape(-1);
   return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
 }
 
@@ -104,6 +115,7 @@ sgpu::parallel::ZeroConfig zero_config(int world) {
 // In each rank: optionally load, train, optionally save, train on.
 Outcome run_job(Job job) {
   const int rank = sgpu::global_rank(), world = sgpu::world_size();
+  const at::Device device(sgpu::device());
   Outcome outcome;
   SaveOptions options;
   options.on_write_point = [&](const std::string& point) {
@@ -121,7 +133,7 @@ Outcome run_job(Job job) {
     outcome.final_values = full();
   };
   if (job.strategy == "fsdp") {
-    sgpu::parallel::FullyShardedDataParallel fsdp(make_model());
+    sgpu::parallel::FullyShardedDataParallel fsdp(make_rank_model());
     torch::optim::Adam optimizer(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     if (!job.load_from.empty()) load(CheckpointReader(job.load_from), fsdp, &optimizer);
     auto full = [&] {
@@ -132,31 +144,31 @@ Outcome run_job(Job job) {
     phase(
         [&](int s) {
           optimizer.zero_grad();
-          auto [x, y] = batch(s, rank, world);
+          auto [x, y] = batch(s, rank, world, device);
           F::mse_loss(fsdp.forward(x), y).backward();
           optimizer.step();
         },
         full, [&] { save(job.save_to, fsdp, &optimizer, options); });
   } else if (job.strategy == "ddp") {
-    sgpu::parallel::DistributedDataParallel ddp(make_model());
+    sgpu::parallel::DistributedDataParallel ddp(make_rank_model());
     torch::optim::Adam optimizer(ddp.parameters(), torch::optim::AdamOptions(0.01));
     if (!job.load_from.empty()) load(CheckpointReader(job.load_from), *ddp.module(), &optimizer);
     phase(
         [&](int s) {
           optimizer.zero_grad();
-          auto [x, y] = batch(s, rank, world);
+          auto [x, y] = batch(s, rank, world, device);
           F::mse_loss(ddp.forward(x), y).backward();
           optimizer.step();
         },
         [&] { return values_of(*ddp.module()); },
         [&] { save(job.save_to, *ddp.module(), &optimizer, options); });
   } else {
-    auto model = make_model();
+    auto model = make_rank_model();
     sgpu::parallel::ZeroOptimizer zero(model->parameters(), zero_config(world));
     if (!job.load_from.empty()) load(CheckpointReader(job.load_from), *model, zero);
     phase(
         [&](int s) {
-          auto [x, y] = batch(s, rank, world);
+          auto [x, y] = batch(s, rank, world, device);
           zero.backward(F::mse_loss(model->forward(x), y));
           zero.step();
         },
@@ -166,10 +178,10 @@ Outcome run_job(Job job) {
   return outcome;
 }
 
-sgpu::Options sim(int gpus) { return sgpu::testing::sim(gpus, /*quiet=*/true); }
+using sgpu::testing::on_test_backend;
 
 Outcome launch(const Job& job, int gpus) {
-  return sgpu::distributed(run_job, sim(gpus)).distributed(job).front();
+  return sgpu::distributed(run_job, on_test_backend(gpus)).distributed(job).front();
 }
 
 // One process, no ranks: load, train `steps` from first_step on the whole batch.
@@ -218,6 +230,7 @@ Values read_all(const fs::path& dir) {
 }
 
 TEST(Checkpoint, FsdpOnFourRanksLoadsAtAnyWorldSizeAndStrategyAndResumesTraining) {
+  SGPU_REQUIRE_RANKS(4);
   const fs::path dir = temp_dir("fsdp4");
   Job job{
       .strategy = "fsdp", .steps_before_save = 3, .save_to = dir.string(), .steps_after_save = 3};
@@ -252,6 +265,7 @@ TEST(Checkpoint, FsdpOnFourRanksLoadsAtAnyWorldSizeAndStrategyAndResumesTraining
 }
 
 TEST(Checkpoint, ZeroAndDdpCheckpointsLoadIntoFsdp) {
+  SGPU_REQUIRE_RANKS(3);
   for (const std::string strategy : {"zero", "ddp"}) {
     const fs::path dir = temp_dir(strategy);
     const Outcome reference = launch({.strategy = strategy,
@@ -267,13 +281,37 @@ TEST(Checkpoint, ZeroAndDdpCheckpointsLoadIntoFsdp) {
   }
 }
 
+// What the ranks' devices held is what the files hold, read in one process on the CPU;
+// loaded back into the ranks (their devices) or one CPU process, training resumes where
+// it left off. On as many ranks as the backend has, up to 2.
+TEST(Checkpoint, EveryStrategySavesFromTheRanksDevicesAndResumesThere) {
+  SGPU_REQUIRE_RANKS(1);
+  const int world = std::min(2, sgpu::testing::test_backend_ranks());
+  for (const std::string strategy : {"fsdp", "ddp", "zero"}) {
+    const fs::path dir = temp_dir("device-" + strategy);
+    const Outcome reference = launch({.strategy = strategy,
+                                      .steps_before_save = 2,
+                                      .save_to = dir.string(),
+                                      .steps_after_save = 2},
+                                     world);
+    EXPECT_EQ(read_all(dir), reference.saved) << strategy;
+    const Outcome resumed = launch(
+        {.strategy = strategy, .load_from = dir.string(), .first_step = 2, .steps_before_save = 2},
+        world);
+    expect_close(resumed.final_values, reference.final_values, strategy + " resumed on the ranks");
+    expect_close(train_one_process(dir, 2, 2), reference.final_values,
+                 strategy + " resumed in one process");
+  }
+}
+
 TEST(Checkpoint, ACrashAtAnyWritePointLeavesThePreviousCheckpointAndAnIncompleteNewOne) {
+  SGPU_REQUIRE_RANKS(2);
   const fs::path previous = temp_dir("previous"), next = temp_dir("next");
   const Outcome first =
       launch({.strategy = "fsdp", .steps_before_save = 1, .save_to = previous.string()}, 2);
   const Values saved = read_all(previous);
   // Every write point of a save on 2 ranks, by rank.
-  const auto runs = sgpu::distributed(run_job, sim(2))
+  const auto runs = sgpu::distributed(run_job, on_test_backend(2))
                         .distributed(Job{.strategy = "fsdp",
                                          .load_from = previous.string(),
                                          .save_to = temp_dir("probe").string()});
@@ -444,6 +482,7 @@ TEST(Checkpoint, BadInputNamesTheFileAndTheTensor) {
 }
 
 TEST(Checkpoint, PythonSafetensorsReadsEveryRanksFiles) {
+  SGPU_REQUIRE_RANKS(2);
   const fs::path dir = temp_dir("python");
   const Outcome reference =
       launch({.strategy = "fsdp", .steps_before_save = 1, .save_to = dir.string()}, 2);
