@@ -22,6 +22,7 @@
 #include "backend/backend_table.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
+#include "tracking/pending.h"
 
 namespace {
 
@@ -99,6 +100,23 @@ int bench_collectives(const std::vector<std::string>& args) {
   return 127;
 }
 
+// `sgpu tracking sync`: 0 when nothing is left pending.
+int sync_tracking(const std::filesystem::path& runs_dir) {
+  if (!std::filesystem::is_directory(runs_dir)) {
+    std::cout << "sgpu tracking sync: no runs folder at " << runs_dir.string()
+              << "; nothing is pending" << std::endl;
+    return 0;
+  }
+  int pending = 0, sent = 0;
+  for (const auto& synced : sgpu::tracking::sync_pending_runs(runs_dir)) {
+    std::cout << "sgpu: tracking: " << sgpu::tracking::describe(synced) << std::endl;
+    (synced.done ? sent : pending) += 1;
+  }
+  std::cout << "sgpu tracking sync: " << sent << " run(s) sent, " << pending << " still pending in "
+            << runs_dir.string() << std::endl;
+  return pending == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +182,23 @@ int main(int argc, char** argv) {
   collectives_cmd->add_option("--backend", bench_backend, "auto, cuda or sim");
   collectives_cmd->add_option("--timeout", bench_timeout, "Seconds per sweep, or none");
 
+  CLI::App* tracking_cmd = app.add_subcommand("tracking", "MLflow runs of earlier calls");
+  tracking_cmd->require_subcommand(1);
+  CLI::App* sync_cmd = tracking_cmd->add_subcommand(
+      "sync", "Send the runs whose calls ended while their tracking store was unreachable");
+  sync_cmd->footer(
+      "A call that cannot reach its store when it ends keeps what its ranks could not send\n"
+      "in its run folder, with tracking-pending.json. This sends it, ends the run with the\n"
+      "status and time the call reached, and removes what it sent (the run folder too when\n"
+      "it was kept only for that). Exit status: 0 when nothing is pending any more; 1 when\n"
+      "a store is still unreachable.\n"
+      "Example:\n"
+      "  sgpu tracking sync --log-dir /tmp/sgpu-0/runs");
+  std::string sync_dir;
+  sync_cmd->add_option(
+      "--log-dir", sync_dir,
+      "Runs folder to look in (default: SGPU_RUNS_DIR, else $TMPDIR/sgpu-UID/runs)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -172,6 +207,11 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (app.got_subcommand("info")) return info();
+  if (app.got_subcommand("tracking")) {
+    sgpu::Options where;
+    where.runs_dir = sync_dir;
+    return sync_tracking(sgpu::runs_dir_of(where));
+  }
   if (app.got_subcommand("bench")) {
     std::vector<std::string> args;
     if (bench_gpus != 0) args.insert(args.end(), {"--gpus", std::to_string(bench_gpus)});

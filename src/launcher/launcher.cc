@@ -34,6 +34,18 @@
 
 extern char** environ;
 
+namespace sgpu {
+
+std::filesystem::path runs_dir_of(const Options& options) {
+  if (!options.runs_dir.empty()) return options.runs_dir;
+  if (const char* env = std::getenv("SGPU_RUNS_DIR"); env != nullptr && *env != '\0') return env;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
+         ("sgpu-" + std::to_string(::getuid())) / "runs";
+}
+
+}  // namespace sgpu
+
 namespace sgpu::launcher {
 namespace {
 
@@ -72,17 +84,9 @@ void check_options(const Options& options, bool runs_a_program) {
   }
 }
 
-std::filesystem::path runs_root(const Options& options) {
-  if (!options.runs_dir.empty()) return options.runs_dir;
-  if (const char* env = std::getenv("SGPU_RUNS_DIR"); env != nullptr && *env != '\0') return env;
-  const char* tmp = std::getenv("TMPDIR");
-  return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
-         ("sgpu-" + std::to_string(::getuid())) / "runs";
-}
-
 std::filesystem::path make_run_dir(const Options& options) {
   static std::atomic<unsigned> counter{0};
-  const std::filesystem::path root = runs_root(options);
+  const std::filesystem::path root = runs_dir_of(options);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) throw ConfigError("cannot create the runs folder " + root.string() + ": " + ec.message());
@@ -423,7 +427,10 @@ class CallImpl final : public detail::Call {
     if (outcome == Outcome::kTimedOut || outcome == Outcome::kCancelled) {
       status = tracking::RunStatus::kKilled;
     }
-    tracking_unsent_ = !tracking_->end(status, run_dir_);
+    // A successful call's folder is removed unless asked to stay; kept only for what is
+    // unsent, it goes once that is sent (tracking/pending.h).
+    const bool kept_for_tracking_only = outcome == Outcome::kSucceeded && !options_.keep_run_dir;
+    tracking_unsent_ = !tracking_->end(status, run_dir_, kept_for_tracking_only);
   }
 
   RankFailure row_for(const RankSlot& slot) const {

@@ -58,4 +58,8 @@ struct Options {
                              // MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else Default
 };
 
+// The folder run folders go in: Options::runs_dir, else SGPU_RUNS_DIR, else
+// $TMPDIR/sgpu-<uid>/runs (/tmp when TMPDIR is unset).
+std::filesystem::path runs_dir_of(const Options& options);
+
 }  // namespace sgpu

@@ -7,7 +7,7 @@
 
 #include "sgpu/config.h"
 #include "tracking/active_run.h"
-#include "tracking/spool.h"
+#include "tracking/pending.h"
 #include "tracking/validation.h"
 
 namespace sgpu::tracking {
@@ -133,47 +133,50 @@ std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() con
 
 std::string CallRun::link() const { return store_->run_link(info_); }
 
-bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir) {
-  bool all_sent = true;
-  std::size_t resent = 0;
-  std::string last_error;
-  bool reachable = true;  // after one transient failure, nothing more is tried
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
-    const std::filesystem::path spool = entry.path() / "tracking-spool.jsonl";
-    if (!reachable || !std::filesystem::exists(spool)) continue;
-    for (const SpooledBatch& spooled : read_spool(spool)) {
-      try {
-        store_->log_batch(spooled.run_id, spooled.batch);
-        resent += spooled.batch.size();
-      } catch (const StoreError& e) {
-        // A refused batch would be refused again; only a transient failure keeps it.
-        last_error = e.what();
-        if (e.transient()) reachable = false;
-        if (e.transient()) break;
-      }
-    }
-    if (reachable) std::filesystem::remove(spool, ec);
-  }
-  all_sent = reachable;
-  if (reachable) {
+bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir,
+                  bool folder_kept_for_tracking_only) {
+  const std::int64_t end_time = now_ms();
+  SpoolSend sent;
+  if (!run_dir.empty()) sent = send_spools(*store_, run_dir);
+  std::string last_error = sent.error;
+  bool ended = false;
+  if (sent.complete) {
     try {
-      store_->end_run(info_.run_id, status, now_ms());
+      store_->end_run(info_.run_id, status, end_time);
+      ended = true;
     } catch (const StoreError& e) {
       last_error = e.what();
-      all_sent = false;
     }
   }
-  if (!all_sent) {
-    std::cerr << "sgpu: " << last_error << "; run " << info_.run_id
-              << " is incomplete: what could not be sent is kept in " << run_dir.string()
-              << "/rank-*/tracking-spool.jsonl" << std::endl;
-  } else if (resent > 0) {
+  if (!ended) {
+    std::string kept = "nothing could be kept (the call has no run folder)";
+    if (!run_dir.empty()) {
+      try {
+        write_pending(run_dir, {store_->uri(), info_.run_id, status, end_time,
+                                folder_kept_for_tracking_only});
+        kept = "what is left is kept in " + run_dir.string() +
+               "; `sgpu tracking sync` sends it and ends the run (so does the next call that "
+               "ends its run in this store)";
+      } catch (const TrackingError& e) {
+        kept = e.what();
+      }
+    }
+    std::cerr << "sgpu: " << last_error << "; run " << info_.run_id << " is not ended: " << kept
+              << std::endl;
+    return false;
+  }
+  if (sent.entries > 0) {
     std::cerr << "sgpu: tracking: the store did not take everything during the call "
                  "(unreachable or too slow); the "
-              << resent << " entries the ranks kept were sent when it ended" << std::endl;
+              << sent.entries << " entries the ranks kept were sent when it ended" << std::endl;
   }
-  return all_sent;
+  // Earlier calls that ended while this store was unreachable: the store is reachable now.
+  if (!run_dir.empty()) {
+    for (const SyncedRun& synced : sync_pending_runs(run_dir.parent_path(), store_->uri())) {
+      std::cerr << "sgpu: tracking: " << describe(synced) << std::endl;
+    }
+  }
+  return true;
 }
 
 }  // namespace sgpu::tracking

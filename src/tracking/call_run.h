@@ -8,7 +8,8 @@
 // caller's environment), records the call's params and tags and prints the run's link.
 // A store that cannot be reached does not fail the call: begin() says so once and the
 // call runs untracked. end() first sends what ranks spooled (rank-*/tracking-spool.jsonl),
-// then sets the run's status.
+// then sets the run's status; when the store is unreachable by then, the run is left
+// pending in its run folder (tracking/pending.h, NOTE [Pending runs]).
 #pragma once
 
 #include <filesystem>
@@ -42,9 +43,13 @@ class CallRun {
 
   // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks.
   std::vector<std::pair<std::string, std::string>> rank_environment() const;
-  // Sends the ranks' spools, then ends the run with `status`. Returns false when
-  // something could not be sent (its spool file stays in the run folder).
-  bool end(RunStatus status, const std::filesystem::path& run_dir);
+  // Sends the ranks' spools from `run_dir` (empty: none), then ends the run with
+  // `status`; then sends the runs of earlier calls to this store that are pending in the
+  // same runs folder (tracking/pending.h). Returns false when the store could not be
+  // reached: what is left stays in `run_dir` with a pending record, to be sent later.
+  // `folder_kept_for_tracking_only`: the caller would remove `run_dir` but for this.
+  bool end(RunStatus status, const std::filesystem::path& run_dir,
+           bool folder_kept_for_tracking_only = false);
 
   const RunInfo& info() const { return info_; }
   // Where the run is shown: a web link for a server, the run's folder for the file store.

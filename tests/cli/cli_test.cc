@@ -1,5 +1,6 @@
 // The sgpu command as a user runs it: a real PyTorch DDP script under `sgpu run`, a crash
-// on one rank, timeout, mismatch and bad flags, with their exit codes and messages.
+// on one rank, timeout, mismatch and bad flags, with their exit codes and messages; and
+// `sgpu tracking sync` sending runs that were left pending.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
@@ -14,6 +15,9 @@
 
 #include "support/process_table.h"
 #include "support/temp_dir.h"
+#include "tracking/file/file_store.h"
+#include "tracking/pending.h"
+#include "tracking/spool.h"
 
 extern char** environ;
 
@@ -186,6 +190,45 @@ TEST(SgpuInfo, ListsTheBackends) {
   expect_has(r.output, "libtorch");
 }
 
+TEST(SgpuTrackingSync, SendsPendingRunsAndExits1WhileAStoreIsStillUnreachable) {
+  namespace tracking = sgpu::tracking;
+  const auto dir = sgpu::testing::make_temp_dir("sgpu-cli-sync");
+  const std::string runs = (dir / "runs").string();
+  Result r = sgpu({"tracking", "sync", "--log-dir", runs});
+  EXPECT_EQ(r.status, 0) << r.output;
+  expect_has(r.output, "nothing is pending");
+
+  tracking::FileStore store(dir / "mlruns");
+  const tracking::RunInfo run = store.create_run("0", "train", 1700000000000, {});
+  const std::filesystem::path folder = dir / "runs" / "20261129-101500-1-0";
+  std::filesystem::create_directories(folder / "rank-0");
+  tracking::spool_batch(folder / "rank-0" / tracking::kSpoolName, run.run_id,
+                        tracking::Batch{{{"loss", 0.5, 1700000000100, 7}}, {}, {}});
+  tracking::write_pending(folder, {store.uri(), run.run_id, tracking::RunStatus::kFinished,
+                                   1700000000200, /*remove_folder=*/true});
+  const std::filesystem::path down = dir / "runs" / "20261129-101600-1-0";
+  std::filesystem::create_directories(down);
+  tracking::write_pending(
+      down, {"http://127.0.0.1:1", "abc", tracking::RunStatus::kFailed, 1700000000300, true});
+
+  r = sgpu({"tracking", "sync", "--log-dir", runs});
+  EXPECT_EQ(r.status, 1) << r.output;
+  expect_has(r.output, "run " + run.run_id);
+  expect_has(r.output, "1 entries sent, ended FINISHED");
+  expect_has(r.output, "run abc");
+  expect_has(r.output, "is still pending");
+  expect_has(r.output, "1 run(s) sent, 1 still pending in " + runs);
+  EXPECT_EQ(store.get_run(run.run_id).status, tracking::RunStatus::kFinished);
+  EXPECT_EQ(store.get_run(run.run_id).end_time_ms, 1700000000200);
+  EXPECT_FALSE(std::filesystem::exists(folder));
+  EXPECT_TRUE(std::filesystem::exists(down / tracking::kPendingName));
+  // SGPU_RUNS_DIR is where it looks by default.
+  std::filesystem::remove_all(down);
+  r = sgpu({"tracking", "sync"}, "SGPU_RUNS_DIR=" + runs);
+  EXPECT_EQ(r.status, 0) << r.output;
+  expect_has(r.output, "0 run(s) sent, 0 still pending in " + runs);
+}
+
 TEST(SgpuHelp, EveryCommandHasHelpWithExamples) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--help"}, std::vector<std::string>{"run", "--help"}}) {
@@ -197,6 +240,9 @@ TEST(SgpuHelp, EveryCommandHasHelpWithExamples) {
   EXPECT_EQ(r.status, 0) << r.output;
   expect_has(r.output, "sgpu bench collectives --gpus 8");
   expect_has(r.output, "--max-bytes");
+  const Result sync = sgpu({"tracking", "sync", "--help"});
+  EXPECT_EQ(sync.status, 0) << sync.output;
+  expect_has(sync.output, "sgpu tracking sync --log-dir");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Calls on 8 simulated ranks, tracked into a real MLflow tracking server and into
 // MLflow's file store, read back through MLflow's own Python client: the run and its
 // nesting, every rank's metrics with their steps, params and tags, FAILED and KILLED
-// runs, bad input, and a server that goes away mid-run and comes back.
+// runs, bad input, a server that goes away mid-run and comes back, and one that is away
+// when a call ends (its run is sent by the next call).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,6 +91,14 @@ int log_through_outage(int count) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   return 0;
+}
+
+int log_before_and_after(int pause_ms) {
+  for (int step = 0; step < 3; ++step) sgpu::log_metric("early", step, step);
+  sgpu::flush_tracking();
+  std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+  for (int step = 0; step < 3; ++step) sgpu::log_metric("late", sgpu::global_rank(), step);
+  return sgpu::global_rank();
 }
 
 // The stores a test runs against.
@@ -307,6 +316,43 @@ TEST(TrackingServer, StoppedMidRunAndBackEveryMetricArrivesOnce) {
   std::set<double> values;
   for (const json& point : r["metrics"]["steady"]) values.insert(point[1].get<double>());
   EXPECT_EQ(values.size(), static_cast<std::size_t>(4 * kCount));
+}
+
+TEST(TrackingServer, ACallEndingWhileTheServerIsDownIsSentByTheNextCallToIt) {
+  sgpu::testing::TcpRelay relay(server().port());
+  const auto runs = sgpu::testing::make_temp_dir("sgpu-pending-runs");
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.tracking_uri = relay.uri();
+  o.experiment = "sgpu tracking test";
+  o.runs_dir = runs;
+  auto launch = sgpu::distributed(log_before_and_after, o).launch(1500);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  relay.stop();  // the ranks log "late" and end, and the call ends, while it is down
+  EXPECT_EQ(launch.wait(), (std::vector<int>{0, 1})) << "training fails for tracking";
+  const std::string link = launch.tracking_link();
+  const std::string id = link.substr(link.rfind('/') + 1);
+  const auto at_server = [&] {
+    return reader().ask({{"uri", server().uri()}, {"runs", {id}}})[id];
+  };
+  EXPECT_EQ(at_server()["info"]["status"], "RUNNING");
+  std::vector<std::filesystem::path> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(runs)) kept.push_back(entry.path());
+  ASSERT_EQ(kept.size(), 1u) << "the run folder is kept while its run is pending";
+  EXPECT_TRUE(std::filesystem::exists(kept[0] / "tracking-pending.json"));
+
+  const auto sent_after = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  relay.start();
+  sgpu::distributed(log_before_and_after, o).distributed(0);
+  const json r = at_server();
+  EXPECT_EQ(r["info"]["status"], "FINISHED");
+  EXPECT_LT(r["info"]["end_time"].get<std::int64_t>(), sent_after) << "ended when its call did";
+  EXPECT_EQ(r["metrics"]["early"].size(), 6u);
+  EXPECT_EQ(r["metrics"]["late"].size(), 6u);
+  EXPECT_FALSE(std::filesystem::exists(kept[0])) << "sent, the folder kept for it goes";
 }
 
 TEST(TrackingOff, WritesNothing) {

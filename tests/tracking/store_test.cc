@@ -2,9 +2,11 @@
 // and splitting, the file store's layout and its appends from many processes, the spool,
 // and the buffered logger.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <rapidcheck/gtest.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 
 #include "support/temp_dir.h"
 #include "tracking/file/file_store.h"
+#include "tracking/pending.h"
 #include "tracking/rest/rest_store.h"
 #include "tracking/run_logger.h"
 #include "tracking/spool.h"
@@ -239,6 +242,89 @@ TEST(Spool, RoundTripsBatchesWithNonFiniteValues) {
   EXPECT_EQ(spooled[0].batch.metrics[1].value, -std::numeric_limits<double>::infinity());
   EXPECT_EQ(spooled[0].batch.tags[0].value, "v");
   EXPECT_EQ(spooled[1].batch.metrics[0].value, 1.25);
+}
+
+// A run folder as a call leaves it when its store was unreachable at its end: two ranks'
+// spools and the pending record.
+fs::path pending_folder(const fs::path& runs, const std::string& name, const PendingRun& pending,
+                        int metrics_per_rank) {
+  const fs::path folder = runs / name;
+  for (int rank = 0; rank < 2; ++rank) {
+    fs::create_directories(folder / ("rank-" + std::to_string(rank)));
+    Batch batch;
+    for (int i = 0; i < metrics_per_rank; ++i) {
+      batch.metrics.push_back({"rank_" + std::to_string(rank) + "/loss", i * 0.5, 1000 + i, i});
+    }
+    spool_batch(folder / ("rank-" + std::to_string(rank)) / kSpoolName, pending.run_id, batch);
+  }
+  write_pending(folder, pending);
+  return folder;
+}
+
+TEST(PendingRuns, SyncSendsTheSpoolsEndsTheRunAsRecordedAndRemovesWhatItSent) {
+  const fs::path root = temp_root();
+  const fs::path runs = root.parent_path() / "runs";
+  FileStore store(root);
+  const RunInfo a = store.create_run("0", "a", 1700000000000, {});
+  const RunInfo b = store.create_run("0", "b", 1700000000000, {});
+  const RunInfo elsewhere = store.create_run("0", "c", 1700000000000, {});
+  const fs::path kept_only = pending_folder(
+      runs, "a", {store.uri(), a.run_id, RunStatus::kFinished, 1700000005000, true}, 3);
+  const fs::path failed = pending_folder(
+      runs, "b", {store.uri(), b.run_id, RunStatus::kFailed, 1700000006000, false}, 2);
+  const fs::path other = pending_folder(
+      runs, "c", {"file:///nowhere", elsewhere.run_id, RunStatus::kFinished, 1, true}, 1);
+  fs::create_directories(runs / "unrelated");
+
+  const auto synced = sync_pending_runs(runs, store.uri());
+  ASSERT_EQ(synced.size(), 2u);
+  for (const SyncedRun& s : synced) {
+    EXPECT_TRUE(s.done && s.ended) << describe(s);
+    EXPECT_EQ(s.error, "") << describe(s);
+  }
+  const RunInfo got_a = store.get_run(a.run_id), got_b = store.get_run(b.run_id);
+  EXPECT_EQ(got_a.status, RunStatus::kFinished);
+  EXPECT_EQ(got_a.end_time_ms, 1700000005000);  // when the call ended, not when sent
+  EXPECT_EQ(got_b.status, RunStatus::kFailed);
+  EXPECT_EQ(got_b.end_time_ms, 1700000006000);
+  const fs::path a_dir = root / "0" / a.run_id;
+  EXPECT_EQ(lines_of(a_dir / "metrics" / "rank_0" / "loss"),
+            (std::vector<std::string>{"1000 0.0 0", "1001 0.5 1", "1002 1.0 2"}));
+  EXPECT_EQ(lines_of(a_dir / "metrics" / "rank_1" / "loss").size(), 3u);
+  EXPECT_NE(describe(synced[0]).find("6 entries sent, ended FINISHED"), std::string::npos)
+      << describe(synced[0]);
+  // Kept only for tracking: gone. A failed call's folder stays, without record or spools.
+  EXPECT_FALSE(fs::exists(kept_only));
+  EXPECT_TRUE(fs::exists(failed / "rank-0"));
+  EXPECT_FALSE(fs::exists(failed / kPendingName));
+  EXPECT_FALSE(fs::exists(failed / "rank-0" / kSpoolName));
+  // Another store's run is left for a sync of that store.
+  EXPECT_TRUE(fs::exists(other / kPendingName));
+  EXPECT_EQ(store.get_run(elsewhere.run_id).status, RunStatus::kRunning);
+  // Nothing is sent twice: the next sync of this store finds nothing.
+  EXPECT_TRUE(sync_pending_runs(runs, store.uri()).empty());
+  EXPECT_EQ(lines_of(a_dir / "metrics" / "rank_0" / "loss").size(), 3u);
+}
+
+TEST(PendingRuns, AStoreStillUnreachableLeavesEverythingAndAFolderBeingSentIsSkipped) {
+  const fs::path runs = temp_root().parent_path() / "runs";
+  const fs::path down = pending_folder(
+      runs, "down", {"http://127.0.0.1:1", "r1", RunStatus::kKilled, 1700000000000, true}, 2);
+  const auto synced = sync_pending_runs(runs);
+  ASSERT_EQ(synced.size(), 1u);
+  EXPECT_FALSE(synced[0].done);
+  EXPECT_NE(describe(synced[0]).find("is still pending"), std::string::npos) << describe(synced[0]);
+  EXPECT_TRUE(fs::exists(down / kPendingName));
+  EXPECT_EQ(read_spool(down / "rank-0" / kSpoolName).size(), 1u);
+  // Another process holds the record's lock: this one leaves the folder alone.
+  const int fd = ::open((down / kPendingName).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(sync_pending_runs(runs).empty() ? 0 : 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a locked folder was sent";
 }
 
 TEST(RunLogger, TenThousandMetricsInOneFlushAllArriveAndABadKeyThrowsAtTheCall) {

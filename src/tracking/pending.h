@@ -1,0 +1,73 @@
+// Runs whose end did not reach their store, and sending them later.
+//
+// NOTE [Pending runs]
+// A call's run ends after its ranks are gone (tracking/call_run.h): the caller sends what
+// the ranks spooled (rank-*/tracking-spool.jsonl in the call's run folder), then sets the
+// run's status. When the store cannot be reached then, the call still returns as it
+// would have, and the caller writes tracking-pending.json beside the spools: the store's
+// URI, the run id, the status and end time the call reached, and whether the folder was
+// kept for this alone. sync_pending_runs() sends such folders later: `sgpu tracking
+// sync` runs it over a runs folder, and every call that ends its own run runs it over
+// its runs folder for the same store. It sends the spools, ends the run with the
+// recorded status and time, then removes the spools and the record (the whole folder
+// when it was kept only for them). The record is locked while a folder is sent
+// (flock), so two processes never send one folder at once; a metric sent twice (a sync
+// cut short, say) is one point in MLflow, which deduplicates them.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tracking/run_model.h"
+#include "tracking/store.h"
+
+namespace sgpu::tracking {
+
+inline constexpr const char* kPendingName = "tracking-pending.json";
+inline constexpr const char* kSpoolName = "tracking-spool.jsonl";
+
+struct PendingRun {
+  std::string uri;  // the store's (Store::uri())
+  std::string run_id;
+  RunStatus status = RunStatus::kFinished;
+  std::int64_t end_time_ms = 0;
+  bool remove_folder = false;  // the folder was kept only for what is unsent
+};
+
+// Writes run_dir/tracking-pending.json (whole, through a rename). Throws TrackingError.
+void write_pending(const std::filesystem::path& run_dir, const PendingRun& pending);
+
+// What sending a folder's spools did.
+struct SpoolSend {
+  std::size_t entries = 0;  // entries the store took
+  bool complete = true;     // false: the store became unreachable; the spools stay
+  std::string error;        // the last failure, refused batches included
+};
+
+// Sends every rank-*/tracking-spool.jsonl under `run_dir` to `store` and removes each file
+// once sent. A refused batch is dropped (it would be refused again); the first transient
+// failure stops everything.
+SpoolSend send_spools(Store& store, const std::filesystem::path& run_dir);
+
+struct SyncedRun {
+  std::filesystem::path folder;
+  std::string run_id;
+  std::string status;       // the status it was ended with, or is to be
+  std::size_t entries = 0;  // sent now
+  bool ended = false;       // the run has its status now
+  bool done = false;        // nothing is pending any more: ended, or refused for good
+  std::string error;        // the last failure or refusal
+};
+
+// Sends the pending folders directly under `runs_dir` (only those for the store at
+// `only_uri`, when it is not empty) and ends their runs. A folder another process is
+// sending is skipped.
+std::vector<SyncedRun> sync_pending_runs(const std::filesystem::path& runs_dir,
+                                         const std::string& only_uri = "");
+
+// One line on what became of a pending run, for the console.
+std::string describe(const SyncedRun& synced);
+
+}  // namespace sgpu::tracking
