@@ -1,7 +1,9 @@
 #include "parallel/fsdp.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <unordered_set>
@@ -10,6 +12,19 @@
 
 namespace sgpu::parallel::detail {
 namespace {
+
+constexpr std::size_t kMaxReduceScattersInFlight = 2;
+
+// Tells the engine that backward accumulated a parameter's gradient.
+class UnitGradHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  UnitGradHook(FsdpEngine* engine, int unit) : engine_(engine), unit_(unit) {}
+  void operator()(const torch::autograd::Variable&) override { engine_->grad_accumulated(unit_); }
+
+ private:
+  FsdpEngine* engine_;
+  int unit_;
+};
 
 std::string shape_string(c10::IntArrayRef shape) {
   std::string out = "[";
@@ -97,7 +112,21 @@ FsdpEngine::FsdpEngine(torch::nn::Module& root,
     unit_modules_.push_back(module);
     gathered_.push_back(true);
   }
+  accumulated_.assign(units_.size(), 0);
+  reduced_.assign(units_.size(), false);
+  for (size_t u = 0; u < module_params_.size(); ++u) {
+    for (const at::Tensor& p : module_params_[u]) {
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          p, std::make_unique<UnitGradHook>(this, static_cast<int>(u)));
+    }
+  }
   free_all();
+}
+
+FsdpEngine::~FsdpEngine() {
+  for (const auto& params : module_params_) {
+    for (const at::Tensor& p : params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  }
 }
 
 std::vector<int> FsdpEngine::units_in(const torch::nn::Module& module, bool children) const {
@@ -166,36 +195,51 @@ void FsdpEngine::expect_backward(at::Tensor& output) {
   });
 }
 
+void FsdpEngine::grad_accumulated(int unit) {
+  if (reduced_[unit] || ++accumulated_[unit] < module_params_[unit].size()) return;
+  reduce_unit(unit);
+}
+
+void FsdpEngine::reduce_unit(int index) {
+  UnitShard& unit = units_[index];
+  at::Tensor flat = at::zeros({unit.padded_numel}, unit.data.options().requires_grad(false));
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    at::Tensor& p = module_params_[index][i];
+    if (p.grad().defined()) {
+      flat.narrow(0, unit.params[i].offset, unit.params[i].numel).copy_(p.grad().reshape(-1));
+      p.mutable_grad().reset();
+    }
+  }
+  at::Tensor output = at::empty({unit.padded_numel / group_->getSize()}, flat.options());
+  c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, flat);
+  in_flight_.push_back({index, flat, output, std::move(work)});
+  reduced_[index] = true;
+  free(index);  // backward is done with the unit's parameters
+  while (in_flight_.size() > kMaxReduceScattersInFlight) settle_oldest();
+}
+
+void FsdpEngine::settle_oldest() {
+  InFlight done = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  done.work->wait();
+  at::Tensor grad = done.output.div_(static_cast<double>(group_->getSize()));
+  UnitShard& unit = units_[done.unit];
+  if (unit.data.grad().defined()) {
+    unit.data.mutable_grad().add_(grad);
+  } else {
+    unit.data.mutable_grad() = grad;
+  }
+}
+
+// Every rank issues the same reduce-scatters in the same order: backward visits the same
+// graph on every rank, and the units left for here go in unit order.
 void FsdpEngine::finish_backward() {
-  const std::int64_t world = group_->getSize();
-  std::vector<int> reduced;
-  std::vector<at::Tensor> outputs;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (!gathered_[u]) continue;
-    UnitShard& unit = units_[u];
-    at::Tensor flat = at::zeros({unit.padded_numel}, unit.data.options().requires_grad(false));
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      at::Tensor& p = module_params_[u][i];
-      if (p.grad().defined()) {
-        flat.narrow(0, unit.params[i].offset, unit.params[i].numel).copy_(p.grad().reshape(-1));
-        p.mutable_grad().reset();
-      }
-    }
-    outputs.push_back(at::empty({unit.padded_numel / world}, flat.options()));
-    works.push_back(group_->_reduce_scatter_base(outputs.back(), flat));
-    reduced.push_back(static_cast<int>(u));
+    if (gathered_[u] && !reduced_[u]) reduce_unit(static_cast<int>(u));
   }
-  for (size_t k = 0; k < works.size(); ++k) {
-    works[k]->wait();
-    at::Tensor grad = outputs[k].div_(static_cast<double>(world));
-    UnitShard& unit = units_[reduced[k]];
-    if (unit.data.grad().defined()) {
-      unit.data.mutable_grad().add_(grad);
-    } else {
-      unit.data.mutable_grad() = grad;
-    }
-  }
+  while (!in_flight_.empty()) settle_oldest();
+  accumulated_.assign(units_.size(), 0);
+  reduced_.assign(units_.size(), false);
   free_all();
 }
 

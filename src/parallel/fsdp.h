@@ -11,9 +11,12 @@
 // multiple of the world size and split into equal shards. By default every direct child
 // with parameters is a unit, and the root's own parameters form one more. The module's
 // parameters view the unit's gathered buffer, whose memory exists only while the unit
-// runs: it is all-gathered before the unit's forward and released after it, gathered
-// again when backward reaches the unit, and released when backward ends, after each
-// unit's gradients are reduce-scattered and averaged into its shard's gradient. For
+// runs: it is all-gathered before the unit's forward and released after it, and gathered
+// again when backward reaches the unit. Once backward has accumulated the gradient of
+// every parameter of a unit, the unit's gradients are reduce-scattered (while backward
+// goes on to the units before it) and the unit is released; at most two reduce-scatters
+// are in flight, and each is averaged into its shard's gradient. When backward ends, the
+// units some of whose parameters got no gradient are reduce-scattered too. For
 // torch::nn::Sequential the units are gathered one at a time, just before each runs; for
 // other modules all units are gathered when forward starts and released when it ends.
 // Between steps a rank holds its shards only, and the module's own parameters hold no
@@ -26,6 +29,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +71,7 @@ class FsdpEngine {
  public:
   FsdpEngine(torch::nn::Module& root, const std::vector<std::shared_ptr<torch::nn::Module>>& units,
              FsdpOptions options, c10::intrusive_ptr<c10d::ProcessGroup> group);
+  ~FsdpEngine();  // removes its hooks from the module's parameters
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
 
@@ -79,8 +84,10 @@ class FsdpEngine {
   // After `units` ran forward with gradients into `output`: frees them, and gathers them
   // again when backward reaches output.
   void after_unit_forward(const std::vector<int>& units, at::Tensor& output);
-  // After a forward with gradients: reduce-scatter when its backward ends.
+  // After a forward with gradients: settle the reduce-scatters when its backward ends.
   void expect_backward(at::Tensor& output);
+  // Backward accumulated the gradient of one more parameter of `unit`.
+  void grad_accumulated(int unit);
 
   std::vector<at::Tensor> parameters() const;
   const std::vector<UnitShard>& shards() const { return units_; }
@@ -88,7 +95,18 @@ class FsdpEngine {
   void load_full_state_dict(const StateDict& state);
 
  private:
+  // Reduce-scatters the unit's gradients (asynchronously) and releases the unit.
+  void reduce_unit(int unit);
+  // Waits for the oldest reduce-scatter and adds its average to the shard's gradient.
+  void settle_oldest();
   void finish_backward();
+
+  struct InFlight {
+    int unit;
+    at::Tensor input;  // kept alive until the collective is done
+    at::Tensor output;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
 
   torch::nn::Module& root_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -97,6 +115,11 @@ class FsdpEngine {
   std::vector<const torch::nn::Module*> unit_modules_;  // per unit; nullptr for the root's
   std::vector<at::Tensor> full_;  // per unit, the gathered buffer the parameters view
   std::vector<bool> gathered_;
+  // This backward: per unit, parameters whose gradient was accumulated, and whether its
+  // reduce-scatter was issued.
+  std::vector<std::size_t> accumulated_;
+  std::vector<bool> reduced_;
+  std::deque<InFlight> in_flight_;
 };
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <rapidcheck/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -359,6 +360,42 @@ TEST(Strategies, ShardedStrategiesHoldOneNthOfWhatDdpHolds) {
     EXPECT_EQ(b[9], ddp_params);
     EXPECT_PRED2(near_nth, b[10], ddp_grads) << "rank " << rank << " ZeRO-2 gradients";
     EXPECT_PRED2(near_nth, b[11], ddp_state) << "rank " << rank << " ZeRO-2 optimizer state";
+  }
+}
+
+// Bytes each Linear unit holds when backward reaches the first unit's output: the later
+// units' gradients are accumulated by then, so they are reduce-scattered and released.
+std::vector<double> held_when_backward_reaches_the_first_unit(int) {
+  const at::Device device = rank_device();
+  torch::manual_seed(3);
+  std::vector<double> held;
+  std::vector<torch::nn::Linear> linears{torch::nn::Linear(6, 8), torch::nn::Linear(8, 8),
+                                         torch::nn::Linear(8, 4)};
+  torch::nn::Sequential model(linears[0], torch::nn::Functional([&](at::Tensor x) {
+                                x.register_hook([&](const at::Tensor&) {
+                                  for (auto& linear : linears) {
+                                    held.push_back(bytes_of(linear->parameters()));
+                                  }
+                                });
+                                return x;
+                              }),
+                              torch::nn::Tanh(), linears[1], torch::nn::Tanh(), linears[2]);
+  model->to(device, torch::kDouble);
+  FullyShardedDataParallel fsdp(model);
+  const auto options = torch::TensorOptions(torch::kDouble).device(device);
+  fsdp.forward(torch::randn({5, 6}, options)).pow(2).sum().backward();
+  return held;
+}
+
+TEST(Strategies, FsdpReleasesEachUnitOnceBackwardIsDoneWithIt) {
+  SGPU_REQUIRE_RANKS(2);
+  const auto held = sgpu::distributed(held_when_backward_reaches_the_first_unit, on_test_backend(2))
+                        .distributed(0);
+  for (const auto& rank : held) {
+    ASSERT_EQ(rank.size(), 3u);
+    EXPECT_GT(rank[0], 0) << "the first unit is gathered for its backward";
+    EXPECT_EQ(rank[1], 0) << "the second unit stayed gathered after its gradients";
+    EXPECT_EQ(rank[2], 0) << "the last unit stayed gathered after its gradients";
   }
 }
 
