@@ -464,6 +464,15 @@ const SafetensorsReader& CheckpointReader::open(const std::string& file) const {
 
 at::Tensor CheckpointReader::read_piece(const std::string& name,
                                         const TensorRecord::PieceRecord& piece) const {
+  at::Tensor data =
+      at::empty({piece.numel}, at::TensorOptions().dtype(scalar_type_of(record(name).dtype)));
+  read_piece_into(name, piece, data);
+  return data;
+}
+
+void CheckpointReader::read_piece_into(const std::string& name,
+                                       const TensorRecord::PieceRecord& piece,
+                                       const at::Tensor& out) const {
   const std::string where =
       "checkpoint file " + (dir_ / piece.file).string() + ", tensor '" + name + "'";
   const SafetensorsReader* reader = nullptr;
@@ -481,11 +490,10 @@ at::Tensor CheckpointReader::read_piece(const std::string& name,
                           dtype_name(r.dtype) + " with " + std::to_string(piece.numel) +
                           " elements");
   }
-  at::Tensor data = reader->read(piece.key);
-  if (crc_of(data) != piece.crc32) {
+  reader->read_into(piece.key, out);
+  if (crc_of(out) != piece.crc32) {
     throw CheckpointError(where + ": CRC-32 mismatch (the file's data is corrupted)");
   }
-  return data.reshape(-1);
 }
 
 at::Tensor CheckpointReader::read(const std::string& name) const {
@@ -500,25 +508,41 @@ at::Tensor CheckpointReader::read_flat(const std::string& name, std::int64_t off
     throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
                           std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
   }
-  // A piece that is exactly the range needs no copy.
-  for (const auto& piece : r.pieces) {
-    if (piece.offset == offset && piece.numel == numel) return read_piece(name, piece);
-  }
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(scalar_type_of(r.dtype)));
+  read_flat_into(name, offset, out);
+  return out;
+}
+
+void CheckpointReader::read_flat_into(const std::string& name, std::int64_t offset,
+                                      const at::Tensor& out) const {
+  const TensorRecord& r = record(name);
+  const std::int64_t numel = out.numel();
+  if (offset < 0 || offset + numel > r.numel()) {
+    throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
+  }
+  if (out.dim() != 1 || out.device() != at::kCPU || !out.is_contiguous() ||
+      out.scalar_type() != scalar_type_of(r.dtype)) {
+    throw CheckpointError("tensor '" + name + "' is " + dtype_name(r.dtype) +
+                          "; it is read into 1-D contiguous CPU tensors of that dtype only");
+  }
   std::int64_t covered = 0;
   for (const auto& piece : r.pieces) {
     const std::int64_t lo = std::max(offset, piece.offset);
     const std::int64_t hi = std::min(offset + numel, piece.offset + piece.numel);
     if (lo >= hi) continue;
-    out.narrow(0, lo - offset, hi - lo)
-        .copy_(read_piece(name, piece).narrow(0, lo - piece.offset, hi - lo));
+    at::Tensor into = out.narrow(0, lo - offset, hi - lo);
+    if (lo == piece.offset && hi == piece.offset + piece.numel) {
+      read_piece_into(name, piece, into);  // the whole piece: no copy
+    } else {
+      into.copy_(read_piece(name, piece).narrow(0, lo - piece.offset, hi - lo));
+    }
     covered += hi - lo;
   }
   if (covered != numel) {
     throw CheckpointError("checkpoint " + dir_.string() + ": tensor '" + name +
                           "' is not fully covered by its pieces");
   }
-  return out;
 }
 
 namespace {
@@ -558,7 +582,12 @@ void fill_flat(const CheckpointReader& reader, const std::vector<FlatParamInfo>&
     const std::string name = name_of(p.name);
     require(reader, name);
     check_fits(reader, name, p.shape, dst.scalar_type());
-    flat.narrow(0, lo - base, hi - lo).copy_(reader.read_flat(name, lo - p.offset, hi - lo));
+    at::Tensor into = flat.narrow(0, lo - base, hi - lo);
+    if (into.device() == at::kCPU) {
+      reader.read_flat_into(name, lo - p.offset, into);  // straight into the shard
+    } else {
+      into.copy_(reader.read_flat(name, lo - p.offset, hi - lo));
+    }
   }
 }
 
@@ -579,12 +608,22 @@ void load_flat_state(const CheckpointReader& reader, torch::optim::Optimizer& op
   set_state(optimizer, flat_param, std::move(state));
 }
 
+// The whole tensor `name` into `dst`, which fits it (check_fits): read straight into a
+// contiguous CPU tensor, else through a copy.
+void read_whole(const CheckpointReader& reader, const std::string& name, at::Tensor dst) {
+  if (dst.device() == at::kCPU && dst.is_contiguous()) {
+    reader.read_flat_into(name, 0, dst.view(-1));
+  } else {
+    dst.copy_(reader.read(name));
+  }
+}
+
 void load_buffers(const CheckpointReader& reader, torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   for (auto& item : module.named_buffers()) {
     require(reader, item.key());
     check_fits(reader, item.key(), item.value().sizes().vec(), item.value().scalar_type());
-    item.value().copy_(reader.read(item.key()));
+    read_whole(reader, item.key(), item.value());
   }
 }
 
@@ -596,7 +635,7 @@ void load(const CheckpointReader& reader, torch::nn::Module& module,
   for (auto& item : module.named_parameters()) {
     require(reader, item.key());
     check_fits(reader, item.key(), item.value().sizes().vec(), item.value().scalar_type());
-    item.value().copy_(reader.read(item.key()));
+    read_whole(reader, item.key(), item.value());
   }
   load_buffers(reader, module);
   if (optimizer == nullptr) return;

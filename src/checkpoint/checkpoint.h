@@ -133,12 +133,19 @@ class CheckpointReader {
   // Elements [offset, offset + numel) of the flattened tensor, from the pieces that hold
   // them only.
   at::Tensor read_flat(const std::string& name, std::int64_t offset, std::int64_t numel) const;
+  // The same into `out` (1-D, contiguous, on the CPU, of the tensor's dtype; its size is
+  // numel): each piece that lies wholly inside the range is read straight into it.
+  void read_flat_into(const std::string& name, std::int64_t offset, const at::Tensor& out) const;
   // The file a tensor's first piece is in, for messages.
   std::string file_of(const std::string& name) const;
 
  private:
   const TensorRecord& record(const std::string& name) const;
   at::Tensor read_piece(const std::string& name, const TensorRecord::PieceRecord& piece) const;
+  // Reads the piece into `out` (contiguous, on the CPU, of the piece's dtype and size) and
+  // checks its CRC there.
+  void read_piece_into(const std::string& name, const TensorRecord::PieceRecord& piece,
+                       const at::Tensor& out) const;
   const SafetensorsReader& open(const std::string& file) const;
 
   std::filesystem::path dir_;

@@ -297,11 +297,25 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   const TensorEntry* t = header_.find(name);
   if (t == nullptr) fail(path_.string(), name, "no such tensor in the file");
   at::Tensor tensor = at::empty(t->shape, at::TensorOptions().dtype(scalar_type_of(t->dtype)));
+  read_into(name, tensor);
+  return tensor;
+}
+
+void SafetensorsReader::read_into(const std::string& name, const at::Tensor& out) const {
+  const TensorEntry* t = header_.find(name);
+  if (t == nullptr) fail(path_.string(), name, "no such tensor in the file");
+  if (out.device() != at::kCPU || !out.is_contiguous() ||
+      out.scalar_type() != scalar_type_of(t->dtype) || out.numel() != t->numel()) {
+    fail(path_.string(), name,
+         "cannot read " + std::string(dtype_name(t->dtype)) + " " + std::to_string(t->numel()) +
+             " elements into a " + std::string(c10::toString(out.scalar_type())) + " tensor of " +
+             std::to_string(out.numel()) + " on " + out.device().str() +
+             " (it must be contiguous, on the CPU, of the same dtype and size)");
+  }
   if (t->end > t->begin) {
-    read_at(header_.data_start + t->begin, tensor.data_ptr(), t->end - t->begin,
+    read_at(header_.data_start + t->begin, out.data_ptr(), t->end - t->begin,
             "tensor '" + name + "'");
   }
-  return tensor;
 }
 
 std::vector<std::uint8_t> SafetensorsReader::read_bytes(const std::string& name) const {

@@ -82,6 +82,9 @@ class SafetensorsReader {
   const std::filesystem::path& path() const { return path_; }
   // CheckpointError naming the file and the tensor when it is absent or unreadable.
   at::Tensor read(const std::string& name) const;
+  // Reads the tensor into `out`: a contiguous CPU tensor of its dtype and element count
+  // (any shape), which it fills with no copy in between.
+  void read_into(const std::string& name, const at::Tensor& out) const;
   // The tensor's raw bytes.
   std::vector<std::uint8_t> read_bytes(const std::string& name) const;
 

@@ -91,6 +91,29 @@ TEST(Safetensors, EveryDtypeRoundTrips) {
   }
 }
 
+TEST(Safetensors, ReadsIntoATensorThatFitsAndRefusesOneThatDoesNot) {
+  const fs::path file = temp_dir("into") / "t.safetensors";
+  const at::Tensor w = at::arange(12, at::kFloat).reshape({3, 4});
+  write_safetensors(file, {{"w", w}});
+  SafetensorsReader reader(file);
+  at::Tensor flat = at::zeros({12}, at::kFloat);  // any shape with the same elements
+  reader.read_into("w", flat);
+  EXPECT_TRUE(at::equal(flat, w.reshape(-1)));
+  for (const at::Tensor& wrong : {at::zeros({12}, at::kDouble), at::zeros({11}, at::kFloat),
+                                  at::zeros({4, 3}, at::kFloat).t()}) {
+    try {
+      reader.read_into("w", wrong);
+      ADD_FAILURE() << "read into " << wrong.sizes() << " " << wrong.scalar_type();
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(file.string()), std::string::npos) << what;
+      EXPECT_NE(what.find("'w'"), std::string::npos) << what;
+      EXPECT_NE(what.find("contiguous, on the CPU, of the same dtype and size"), std::string::npos)
+          << what;
+    }
+  }
+}
+
 RC_GTEST_PROP(Safetensors, RandomTensorsRoundTripThroughTheBuffer, ()) {
   const int count = *rc::gen::inRange(0, 6);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
