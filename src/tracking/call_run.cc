@@ -172,8 +172,13 @@ bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir,
   }
   // Earlier calls that ended while this store was unreachable: the store is reachable now.
   if (!run_dir.empty()) {
-    for (const SyncedRun& synced : sync_pending_runs(run_dir.parent_path(), store_->uri())) {
-      std::cerr << "sgpu: tracking: " << describe(synced) << std::endl;
+    try {
+      for (const SyncedRun& synced : sync_pending_runs(run_dir.parent_path(), store_->uri())) {
+        std::cerr << "sgpu: tracking: " << describe(synced) << std::endl;
+      }
+    } catch (const std::exception& e) {  // never the call's failure
+      std::cerr << "sgpu: tracking: runs left pending by earlier calls were not sent: " << e.what()
+                << std::endl;
     }
   }
   return true;

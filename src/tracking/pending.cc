@@ -139,7 +139,7 @@ std::vector<SyncedRun> sync_pending_runs(const fs::path& runs_dir, const std::st
       // A refused end (the run was deleted, say) would be refused again.
       synced.error = e.what();
       synced.done = !e.transient();
-    } catch (const TrackingError& e) {
+    } catch (const std::exception& e) {  // a store that cannot open, a damaged spool
       synced.error = e.what();
     }
     if (synced.done) {

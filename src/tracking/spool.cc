@@ -57,16 +57,22 @@ std::vector<SpooledBatch> read_spool(const std::filesystem::path& file) {
     const json parsed = json::parse(line, nullptr, false);
     if (!parsed.is_object() || !parsed.contains("run_id")) continue;
     SpooledBatch spooled;
-    spooled.run_id = parsed["run_id"].get<std::string>();
-    for (const json& m : parsed.value("metrics", json::array())) {
-      spooled.batch.metrics.push_back({m["key"].get<std::string>(), value_of(m["value"]),
-                                       int64_of(m["timestamp"]), int64_of(m["step"])});
-    }
-    for (const json& p : parsed.value("params", json::array())) {
-      spooled.batch.params.push_back({p["key"].get<std::string>(), p["value"].get<std::string>()});
-    }
-    for (const json& t : parsed.value("tags", json::array())) {
-      spooled.batch.tags.push_back({t["key"].get<std::string>(), t["value"].get<std::string>()});
+    try {
+      spooled.run_id = parsed.at("run_id").get<std::string>();
+      for (const json& m : parsed.value("metrics", json::array())) {
+        spooled.batch.metrics.push_back({m.at("key").get<std::string>(), value_of(m.at("value")),
+                                         int64_of(m.at("timestamp")), int64_of(m.at("step"))});
+      }
+      for (const json& p : parsed.value("params", json::array())) {
+        spooled.batch.params.push_back(
+            {p.at("key").get<std::string>(), p.at("value").get<std::string>()});
+      }
+      for (const json& t : parsed.value("tags", json::array())) {
+        spooled.batch.tags.push_back(
+            {t.at("key").get<std::string>(), t.at("value").get<std::string>()});
+      }
+    } catch (const json::exception&) {
+      continue;  // not a batch this file's writer wrote: damaged
     }
     out.push_back(std::move(spooled));
   }

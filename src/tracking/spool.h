@@ -20,7 +20,7 @@ struct SpooledBatch {
 
 // Appends; throws TrackingError when the file cannot be written.
 void spool_batch(const std::filesystem::path& file, const std::string& run_id, const Batch& batch);
-// Every whole line of `file` (a torn last line is skipped).
+// Every whole line of `file`; a torn last line, or any line that is not a batch, is skipped.
 std::vector<SpooledBatch> read_spool(const std::filesystem::path& file);
 
 }  // namespace sgpu::tracking

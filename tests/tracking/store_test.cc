@@ -244,6 +244,29 @@ TEST(Spool, RoundTripsBatchesWithNonFiniteValues) {
   EXPECT_EQ(spooled[1].batch.metrics[0].value, 1.25);
 }
 
+TEST(Spool, SkipsDamagedLinesAndKeepsTheRest) {
+  const fs::path file = temp_root().parent_path() / "damaged.jsonl";
+  spool_batch(file, "run1", Batch{{{"a", 1, 1, 1}}, {}, {}});
+  {
+    std::ofstream out(file, std::ios::app);
+    out << R"({"run_id": "run1", "metrics": [{"key": 7}]})"
+        << "\n"
+        << R"({"run_id": 5})"
+        << "\n"
+        << "not json\n";
+  }
+  spool_batch(file, "run2", Batch{{}, {{"p", "v"}}, {}});
+  {
+    std::ofstream out(file, std::ios::app);
+    out << R"({"run_id": "run3", "metr)";  // torn
+  }
+  const auto spooled = read_spool(file);
+  ASSERT_EQ(spooled.size(), 2u);
+  EXPECT_EQ(spooled[0].run_id, "run1");
+  EXPECT_EQ(spooled[1].run_id, "run2");
+  EXPECT_EQ(spooled[1].batch.params[0].value, "v");
+}
+
 // A run folder as a call leaves it when its store was unreachable at its end: two ranks'
 // spools and the pending record.
 fs::path pending_folder(const fs::path& runs, const std::string& name, const PendingRun& pending,
