@@ -78,6 +78,9 @@ int run(sgpu::Options options, const std::vector<std::string>& command) {
   } catch (const sgpu::ConfigError& e) {
     std::cerr << "sgpu run: " << e.what() << std::endl;
     return kUsageError;
+  } catch (const sgpu::TrackingError& e) {  // a tracking URI or experiment that cannot work
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return kUsageError;
   }
 }
 
@@ -137,7 +140,7 @@ int main(int argc, char** argv) {
   run_cmd->footer(
       "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
       "128+signal; 124 on timeout; 3 when the node cannot serve the request; 2 for bad\n"
-      "flags.\n"
+      "flags or options (a tracking URI that cannot work, say).\n"
       "Example:\n"
       "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
       "print(os.environ[\"RANK\"])'");

@@ -152,6 +152,13 @@ TEST(SgpuRun, BadFlagsExit2WithUsage) {
   EXPECT_EQ(r.status, 2) << r.output;
 }
 
+TEST(SgpuRun, ATrackingUriThatCannotWorkExits2BeforeStartingAnything) {
+  const Result r =
+      sgpu({"run", "--gpus", "2", "--backend", "sim", "--", "true"}, "MLFLOW_TRACKING_URI=ftp://x");
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "sgpu run: tracking: unsupported tracking URI scheme in 'ftp://...'");
+}
+
 TEST(SgpuRun, SignalDeathExits128PlusSignal) {
   const Result r =
       sgpu({"run", "--gpus", "1", "--backend", "sim", "--", "sh", "-c", "kill -SEGV $$"});
