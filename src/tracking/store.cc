@@ -2,14 +2,24 @@
 
 #include <cstdlib>
 
+#include "sgpu/config.h"
 #include "tracking/file/file_store.h"
+#if SGPU_WITH_TRACKING_SERVER
 #include "tracking/rest/rest_store.h"
+#endif
 
 namespace sgpu::tracking {
 
 std::unique_ptr<Store> open_store(const std::string& uri) {
   if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
+#if SGPU_WITH_TRACKING_SERVER
     return std::make_unique<RestStore>(uri);
+#else
+    throw TrackingError(
+        "tracking: this sgpu was built without libcurl, so it cannot reach the MLflow server "
+        "at the tracking URI; install libcurl's headers (libcurl4-openssl-dev) and rebuild, "
+        "or use MLflow's file store (MLFLOW_TRACKING_URI=file:/path), or SGPU_TRACKING=off");
+#endif
   }
   if (uri.empty() || uri.rfind("file:", 0) == 0 || uri.find("://") == std::string::npos) {
     return std::make_unique<FileStore>(file_store_root(uri));

@@ -19,10 +19,14 @@
 #include <sstream>
 #include <thread>
 
+#include "sgpu/config.h"
 #include "support/temp_dir.h"
 #include "tracking/file/file_store.h"
 #include "tracking/pending.h"
+#include "tracking/rest/log_batch.h"
+#if SGPU_WITH_TRACKING_SERVER
 #include "tracking/rest/rest_store.h"
+#endif
 #include "tracking/run_logger.h"
 #include "tracking/spool.h"
 #include "tracking/validation.h"
@@ -369,6 +373,7 @@ TEST(RunLogger, TenThousandMetricsInOneFlushAllArriveAndABadKeyThrowsAtTheCall) 
   EXPECT_EQ(read(dir / "params" / "long").size(), kMaxParamValueLength);
 }
 
+#if SGPU_WITH_TRACKING_SERVER
 // A tiny HTTP responder: answers each request with the next canned response (status and
 // body), records what it got, and closes the connection.
 class Responder {
@@ -498,6 +503,16 @@ TEST(RestStore, ARefusedBatchIsSentAgainEntryByEntrySoNeighboursArrive) {
   ASSERT_EQ(server.requests().size(), 4u);
   EXPECT_NE(server.requests()[3].find(R"("key":"c")"), std::string::npos);
 }
+#else
+TEST(RestStore, AnHttpUriSaysThisBuildHasNoServerStore) {
+  try {
+    open_store("http://127.0.0.1:1");
+    FAIL() << "an http URI was accepted";
+  } catch (const TrackingError& e) {
+    EXPECT_NE(std::string(e.what()).find("built without libcurl"), std::string::npos) << e.what();
+  }
+}
+#endif  // SGPU_WITH_TRACKING_SERVER
 
 }  // namespace
 }  // namespace sgpu::tracking

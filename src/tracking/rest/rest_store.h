@@ -67,9 +67,4 @@ class RestStore final : public Store {
   std::size_t requests_ = 0;
 };
 
-// Splits `batch` into pieces MLflow's log-batch accepts in one request, in order.
-std::vector<Batch> split_batch(const Batch& batch);
-// The JSON body of runs/log-batch for `batch`.
-std::string log_batch_body(const std::string& run_id, const Batch& batch);
-
 }  // namespace sgpu::tracking
