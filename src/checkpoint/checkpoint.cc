@@ -1,5 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
+#include <c10/util/StringUtil.h>
+#include <c10/util/accumulate.h>
 #include <fcntl.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -24,17 +26,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using parallel::FlatParamInfo;
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (const auto d : shape) n *= d;
-  return n;
-}
+// "[7, 5]".
+std::string shape_text(c10::IntArrayRef shape) { return c10::str(shape); }
 
 std::uint32_t crc_of(const at::Tensor& contiguous_cpu) {
   return static_cast<std::uint32_t>(crc32_z(crc32_z(0, nullptr, 0),
@@ -50,6 +43,16 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
   if (rc != 0)
     throw CheckpointError("cannot fsync directory " + dir.string() + ": " + std::strerror(errno));
+}
+
+// Renames the written and fsynced `temp` to `path` and fsyncs the directory, passing the
+// write points "written:<file>" and "renamed:<file>".
+void publish(const fs::path& temp, const fs::path& path,
+             const std::function<void(const std::string&)>& hook) {
+  if (hook) hook("written:" + path.filename().string());
+  fs::rename(temp, path);
+  fsync_dir(path.parent_path());
+  if (hook) hook("renamed:" + path.filename().string());
 }
 
 // Writes `text` to path's temporary sibling, fsyncs it and renames it into place.
@@ -71,10 +74,7 @@ void write_text_durably(const fs::path& path, const std::string& text,
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     throw CheckpointError("cannot fsync " + temp.string() + ": " + std::strerror(errno));
   }
-  if (hook) hook("written:" + path.filename().string());
-  fs::rename(temp, path);
-  fsync_dir(path.parent_path());
-  if (hook) hook("renamed:" + path.filename().string());
+  publish(temp, path, hook);
 }
 
 json read_json(const fs::path& path) {
@@ -84,6 +84,15 @@ json read_json(const fs::path& path) {
     return json::parse(in);
   } catch (const json::exception& e) {
     throw CheckpointError(path.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+// CheckpointError unless the record has elements [offset, offset + numel).
+void check_range(const std::string& name, const TensorRecord& r, std::int64_t offset,
+                 std::int64_t numel) {
+  if (offset < 0 || numel < 0 || offset + numel > r.numel()) {
+    throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
   }
 }
 
@@ -211,7 +220,7 @@ void add_whole(const torch::nn::Module& module, std::vector<Piece>& out, bool pa
 
 bool is_complete(const fs::path& dir) { return fs::exists(dir / kManifestName); }
 
-std::int64_t TensorRecord::numel() const { return numel_of(shape); }
+std::int64_t TensorRecord::numel() const { return c10::multiply_integers(shape); }
 
 void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
                  const std::vector<Piece>& optimizer, const std::string& strategy, bool sharded,
@@ -243,7 +252,7 @@ void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
     const std::string file = numbered(kind, index, count) + ".safetensors";
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const Piece& piece : *pieces) {
-      const std::int64_t total = numel_of(piece.shape);
+      const std::int64_t total = c10::multiply_integers(piece.shape);
       const bool whole = piece.offset == 0 && piece.data.numel() == total;
       at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
       if (whole) data = data.reshape(piece.shape);
@@ -261,12 +270,8 @@ void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
     std::map<std::string, std::string> metadata = options.metadata;
     metadata["sgpu_strategy"] = strategy;
     const fs::path temp = dir / ("." + file + ".tmp");
-    const std::uint64_t size = write_safetensors(temp, tensors, metadata);
-    if (hook) hook("written:" + file);
-    fs::rename(temp, dir / file);
-    fsync_dir(dir);
-    if (hook) hook("renamed:" + file);
-    part["files"][file] = size;
+    part["files"][file] = write_safetensors(temp, tensors, metadata);
+    publish(temp, dir / file, hook);
   }
   write_text_durably(dir / ("rank-" + std::to_string(rank) + ".json"), part.dump(), hook);
   barrier(group);
@@ -318,7 +323,7 @@ void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
         }
         cursor += piece["numel"].get<std::int64_t>();
       }
-      if (cursor != numel_of(record["shape"].get<std::vector<std::int64_t>>())) {
+      if (cursor != c10::multiply_integers(record["shape"].get<std::vector<std::int64_t>>())) {
         throw CheckpointError("tensor '" + name + "': the ranks saved " + std::to_string(cursor) +
                               " elements of " + record["shape"].dump());
       }
@@ -348,9 +353,7 @@ void save(const fs::path& dir, const torch::nn::Module& module, torch::optim::Op
       }
     }
   }
-  SaveOptions resolved = options;
-  resolved.group = group;
-  save_pieces(dir, model, state, group && group->getSize() > 1 ? "ddp" : "single", false, resolved);
+  save_pieces(dir, model, state, group && group->getSize() > 1 ? "ddp" : "single", false, options);
 }
 
 void save_fsdp(const fs::path& dir, const std::vector<parallel::UnitShard>& shards,
@@ -365,9 +368,7 @@ void save_fsdp(const fs::path& dir, const std::vector<parallel::UnitShard>& shar
       add_flat_state(*optimizer, unit.data, unit.params, unit.shard_offset, rank, state);
   }
   if (rank == 0) add_whole(module, model, false);
-  SaveOptions resolved = options;
-  resolved.group = group;
-  save_pieces(dir, model, state, "fsdp", true, resolved);
+  save_pieces(dir, model, state, "fsdp", true, options);
 }
 
 void save(const fs::path& dir, const torch::nn::Module& module, parallel::ZeroOptimizer& zero,
@@ -381,9 +382,7 @@ void save(const fs::path& dir, const torch::nn::Module& module, parallel::ZeroOp
   }
   add_flat_state(zero.optimizer(), zero.partition(), layout_of(module), zero.partition_offset(),
                  rank, state);
-  SaveOptions resolved = options;
-  resolved.group = group;
-  save_pieces(dir, model, state, "zero", true, resolved);
+  save_pieces(dir, model, state, "zero", true, options);
 }
 
 CheckpointReader::CheckpointReader(fs::path dir) : dir_(std::move(dir)) {
@@ -504,10 +503,7 @@ at::Tensor CheckpointReader::read(const std::string& name) const {
 at::Tensor CheckpointReader::read_flat(const std::string& name, std::int64_t offset,
                                        std::int64_t numel) const {
   const TensorRecord& r = record(name);
-  if (offset < 0 || numel < 0 || offset + numel > r.numel()) {
-    throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
-                          std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
-  }
+  check_range(name, r, offset, numel);
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(scalar_type_of(r.dtype)));
   read_flat_into(name, offset, out);
   return out;
@@ -517,10 +513,7 @@ void CheckpointReader::read_flat_into(const std::string& name, std::int64_t offs
                                       const at::Tensor& out) const {
   const TensorRecord& r = record(name);
   const std::int64_t numel = out.numel();
-  if (offset < 0 || offset + numel > r.numel()) {
-    throw CheckpointError("tensor '" + name + "' of " + shape_text(r.shape) + " has no elements [" +
-                          std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
-  }
+  check_range(name, r, offset, numel);
   if (out.dim() != 1 || out.device() != at::kCPU || !out.is_contiguous() ||
       out.scalar_type() != scalar_type_of(r.dtype)) {
     throw CheckpointError("tensor '" + name + "' is " + dtype_name(r.dtype) +
@@ -547,24 +540,25 @@ void CheckpointReader::read_flat_into(const std::string& name, std::int64_t offs
 
 namespace {
 
-// Checks a checkpoint tensor against what the model holds there.
-void check_fits(const CheckpointReader& reader, const std::string& name,
-                const std::vector<std::int64_t>& shape, at::ScalarType type) {
-  const TensorRecord& r = reader.tensors().at(name);
-  if (r.shape != shape || scalar_type_of(r.dtype) != type) {
-    throw CheckpointError("checkpoint file " + reader.file_of(name) + ", tensor '" + name +
-                          "': it holds " + dtype_name(r.dtype) + " " + shape_text(r.shape) +
-                          " but the model has " + dtype_name(dtype_of(type)) + " " +
-                          shape_text(shape) + "; build the model the checkpoint was saved from");
-  }
-}
-
 void require(const CheckpointReader& reader, const std::string& name) {
   if (!reader.contains(name)) {
     throw CheckpointError("checkpoint has no tensor '" + name + "' that the model has (its " +
                           kManifestName +
                           " does not list it); build the model the checkpoint "
                           "was saved from");
+  }
+}
+
+// Checks that the checkpoint has the tensor, as the model holds it there.
+void check_fits(const CheckpointReader& reader, const std::string& name,
+                const std::vector<std::int64_t>& shape, at::ScalarType type) {
+  require(reader, name);
+  const TensorRecord& r = reader.tensors().at(name);
+  if (r.shape != shape || scalar_type_of(r.dtype) != type) {
+    throw CheckpointError("checkpoint file " + reader.file_of(name) + ", tensor '" + name +
+                          "': it holds " + dtype_name(r.dtype) + " " + shape_text(r.shape) +
+                          " but the model has " + dtype_name(dtype_of(type)) + " " +
+                          shape_text(shape) + "; build the model the checkpoint was saved from");
   }
 }
 
@@ -580,7 +574,6 @@ void fill_flat(const CheckpointReader& reader, const std::vector<FlatParamInfo>&
     const std::int64_t lo = std::max(base, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
     const std::string name = name_of(p.name);
-    require(reader, name);
     check_fits(reader, name, p.shape, dst.scalar_type());
     at::Tensor into = flat.narrow(0, lo - base, hi - lo);
     if (into.device() == at::kCPU) {
@@ -618,10 +611,11 @@ void read_whole(const CheckpointReader& reader, const std::string& name, at::Ten
   }
 }
 
-void load_buffers(const CheckpointReader& reader, torch::nn::Module& module) {
+// Each of the named parameters or buffers, whole, from the tensor of its name.
+void load_named(const CheckpointReader& reader,
+                const torch::OrderedDict<std::string, at::Tensor>& named) {
   torch::NoGradGuard no_grad;
-  for (auto& item : module.named_buffers()) {
-    require(reader, item.key());
+  for (const auto& item : named) {
     check_fits(reader, item.key(), item.value().sizes().vec(), item.value().scalar_type());
     read_whole(reader, item.key(), item.value());
   }
@@ -632,12 +626,8 @@ void load_buffers(const CheckpointReader& reader, torch::nn::Module& module) {
 void load(const CheckpointReader& reader, torch::nn::Module& module,
           torch::optim::Optimizer* optimizer) {
   torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) {
-    require(reader, item.key());
-    check_fits(reader, item.key(), item.value().sizes().vec(), item.value().scalar_type());
-    read_whole(reader, item.key(), item.value());
-  }
-  load_buffers(reader, module);
+  load_named(reader, module.named_parameters());
+  load_named(reader, module.named_buffers());
   if (optimizer == nullptr) return;
   for (auto& item : module.named_parameters()) {
     std::map<std::string, at::Tensor> state;
@@ -662,7 +652,7 @@ void load_fsdp(const CheckpointReader& reader, const std::vector<parallel::UnitS
     if (optimizer != nullptr)
       load_flat_state(reader, *optimizer, unit.data, unit.params, unit.shard_offset);
   }
-  load_buffers(reader, module);
+  load_named(reader, module.named_buffers());
 }
 
 void load(const CheckpointReader& reader, torch::nn::Module& module,

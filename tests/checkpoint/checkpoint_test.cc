@@ -184,18 +184,24 @@ Outcome launch(const Job& job, int gpus) {
   return sgpu::distributed(run_job, on_test_backend(gpus)).distributed(job).front();
 }
 
-// One process, no ranks: load, train `steps` from first_step on the whole batch.
-Values train_one_process(const std::string& from, int first_step, int steps) {
-  auto model = make_model();
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
-  if (!from.empty()) load(CheckpointReader(from), *model, &optimizer);
-  for (int s = first_step; s < first_step + steps; ++s) {
+// In one process, steps [first, first + steps) on the whole batch; the parameters then.
+Values train_steps(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, int first,
+                   int steps) {
+  for (int s = first; s < first + steps; ++s) {
     optimizer.zero_grad();
     auto [x, y] = batch(s, 0, 1);
     F::mse_loss(model->forward(x), y).backward();
     optimizer.step();
   }
   return values_of(*model);
+}
+
+// One process, no ranks: load, train `steps` from first_step on the whole batch.
+Values train_one_process(const std::string& from, int first_step, int steps) {
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+  if (!from.empty()) load(CheckpointReader(from), *model, &optimizer);
+  return train_steps(model, optimizer, first_step, steps);
 }
 
 void expect_close(const Values& got, const Values& want, const std::string& what,
@@ -352,17 +358,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, std::vector<at
   if (kind == 1)
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-Values train_steps(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, int first,
-                   int steps) {
-  for (int s = first; s < first + steps; ++s) {
-    optimizer.zero_grad();
-    auto [x, y] = batch(s, 0, 1);
-    F::mse_loss(model->forward(x), y).backward();
-    optimizer.step();
-  }
-  return values_of(*model);
 }
 
 TEST(Checkpoint, AdamAmsgradAdamWAndSgdMomentumResumeInOneProcess) {
