@@ -2,6 +2,7 @@
 // aarch64 Linux), so tensor bytes are copied as they are.
 #include "checkpoint/safetensors.h"
 
+#include <c10/util/accumulate.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,6 +52,13 @@ const DtypeRow& row(Dtype dtype) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// The little-endian header length in a file's first 8 bytes.
+std::uint64_t header_length(const std::uint8_t* first8) {
+  std::uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | first8[i];
+  return length;
+}
+
 TensorEntry parse_entry(const std::string& file, const std::string& name, const json& value) {
   if (!value.is_object()) fail(file, name, "entry is not a JSON object");
   TensorEntry entry;
@@ -61,13 +69,8 @@ TensorEntry parse_entry(const std::string& file, const std::string& name, const 
   const json& dtype = value["dtype"];
   if (!dtype.is_string()) fail(file, name, "dtype is not a string");
   const std::string dtype_text = dtype.get<std::string>();
-  bool known = false;
-  for (const auto& r : kDtypes) {
-    if (dtype_text == r.name) {
-      entry.dtype = r.dtype;
-      known = true;
-    }
-  }
+  const std::optional<Dtype> known = dtype_from_name(dtype_text);
+  if (known) entry.dtype = *known;
   if (!known) {
     fail(file, name,
          "dtype \"" + dtype_text +
@@ -135,11 +138,7 @@ Dtype dtype_of(at::ScalarType type) {
                         "I32, I16, I8, U8 and BOOL");
 }
 
-std::int64_t TensorEntry::numel() const {
-  std::int64_t n = 1;
-  for (const auto d : shape) n *= d;
-  return n;
-}
+std::int64_t TensorEntry::numel() const { return c10::multiply_integers(shape); }
 
 const TensorEntry* Header::find(const std::string& name) const {
   for (const auto& t : tensors) {
@@ -156,8 +155,7 @@ Header parse_header(std::span<const std::uint8_t> prefix, std::uint64_t file_siz
              " bytes, shorter than the 8-byte header length; it is truncated or not "
              "a safetensors file");
   }
-  std::uint64_t length = 0;
-  for (int i = 7; i >= 0; --i) length = (length << 8) | prefix[i];
+  const std::uint64_t length = header_length(prefix.data());
   if (length > kMaxHeaderBytes) {
     fail(file, "", "header length " + std::to_string(length) + " is above the 100 MB limit");
   }
@@ -259,8 +257,7 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : path_(std::mo
     std::vector<std::uint8_t> prefix(std::min<std::uint64_t>(file_size_, 8));
     read_at(0, prefix.data(), prefix.size(), "header length");
     if (prefix.size() == 8) {
-      std::uint64_t length = 0;
-      for (int i = 7; i >= 0; --i) length = (length << 8) | prefix[i];
+      const std::uint64_t length = header_length(prefix.data());
       if (length <= kMaxHeaderBytes && length <= file_size_ - 8) {
         prefix.resize(8 + length);
         read_at(8, prefix.data() + 8, length, "header");
@@ -293,38 +290,42 @@ void SafetensorsReader::read_at(std::uint64_t offset, void* out, std::size_t siz
   }
 }
 
-at::Tensor SafetensorsReader::read(const std::string& name) const {
+const TensorEntry& SafetensorsReader::entry(const std::string& name) const {
   const TensorEntry* t = header_.find(name);
   if (t == nullptr) fail(path_.string(), name, "no such tensor in the file");
-  at::Tensor tensor = at::empty(t->shape, at::TensorOptions().dtype(scalar_type_of(t->dtype)));
-  read_into(name, tensor);
+  return *t;
+}
+
+void SafetensorsReader::read_data(const TensorEntry& t, void* out) const {
+  if (t.end > t.begin) {
+    read_at(header_.data_start + t.begin, out, t.end - t.begin, "tensor '" + t.name + "'");
+  }
+}
+
+at::Tensor SafetensorsReader::read(const std::string& name) const {
+  const TensorEntry& t = entry(name);
+  at::Tensor tensor = at::empty(t.shape, at::TensorOptions().dtype(scalar_type_of(t.dtype)));
+  read_data(t, tensor.data_ptr());
   return tensor;
 }
 
 void SafetensorsReader::read_into(const std::string& name, const at::Tensor& out) const {
-  const TensorEntry* t = header_.find(name);
-  if (t == nullptr) fail(path_.string(), name, "no such tensor in the file");
+  const TensorEntry& t = entry(name);
   if (out.device() != at::kCPU || !out.is_contiguous() ||
-      out.scalar_type() != scalar_type_of(t->dtype) || out.numel() != t->numel()) {
+      out.scalar_type() != scalar_type_of(t.dtype) || out.numel() != t.numel()) {
     fail(path_.string(), name,
-         "cannot read " + std::string(dtype_name(t->dtype)) + " " + std::to_string(t->numel()) +
+         "cannot read " + std::string(dtype_name(t.dtype)) + " " + std::to_string(t.numel()) +
              " elements into a " + std::string(c10::toString(out.scalar_type())) + " tensor of " +
              std::to_string(out.numel()) + " on " + out.device().str() +
              " (it must be contiguous, on the CPU, of the same dtype and size)");
   }
-  if (t->end > t->begin) {
-    read_at(header_.data_start + t->begin, out.data_ptr(), t->end - t->begin,
-            "tensor '" + name + "'");
-  }
+  read_data(t, out.data_ptr());
 }
 
 std::vector<std::uint8_t> SafetensorsReader::read_bytes(const std::string& name) const {
-  const TensorEntry* t = header_.find(name);
-  if (t == nullptr) fail(path_.string(), name, "no such tensor in the file");
-  std::vector<std::uint8_t> bytes(t->end - t->begin);
-  if (!bytes.empty()) {
-    read_at(header_.data_start + t->begin, bytes.data(), bytes.size(), "tensor '" + name + "'");
-  }
+  const TensorEntry& t = entry(name);
+  std::vector<std::uint8_t> bytes(t.end - t.begin);
+  read_data(t, bytes.data());
   return bytes;
 }
 

@@ -90,6 +90,10 @@ class SafetensorsReader {
 
  private:
   void read_at(std::uint64_t offset, void* out, std::size_t size, const std::string& what) const;
+  // The tensor's entry; CheckpointError naming the file and the tensor when it is absent.
+  const TensorEntry& entry(const std::string& name) const;
+  // The entry's bytes into `out`, which holds them.
+  void read_data(const TensorEntry& t, void* out) const;
 
   std::filesystem::path path_;
   int fd_ = -1;
