@@ -11,7 +11,6 @@
 #include "sgpu/errors.h"
 
 namespace sgpu::parallel::detail {
-namespace {}  // namespace
 
 DdpEngine::DdpEngine(torch::nn::Module& module, DdpOptions options,
                      c10::intrusive_ptr<c10d::ProcessGroup> group)

@@ -1,5 +1,6 @@
 #include "parallel/fsdp.h"
 
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -25,12 +26,6 @@ class UnitGradHook final : public torch::autograd::PostAccumulateGradHook {
   FsdpEngine* engine_;
   int unit_;
 };
-
-std::string shape_string(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 }  // namespace
 
@@ -202,14 +197,8 @@ void FsdpEngine::grad_accumulated(int unit) {
 
 void FsdpEngine::reduce_unit(int index) {
   UnitShard& unit = units_[index];
-  at::Tensor flat = at::zeros({unit.padded_numel}, unit.data.options().requires_grad(false));
-  for (size_t i = 0; i < unit.params.size(); ++i) {
-    at::Tensor& p = module_params_[index][i];
-    if (p.grad().defined()) {
-      flat.narrow(0, unit.params[i].offset, unit.params[i].numel).copy_(p.grad().reshape(-1));
-      p.mutable_grad().reset();
-    }
-  }
+  // The unit's parameters lie end to end in its flat buffer, in the order of params.
+  at::Tensor flat = take_grads_flat(module_params_[index], unit.padded_numel, unit.data.options());
   at::Tensor output = at::empty({unit.padded_numel / group_->getSize()}, flat.options());
   c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, flat);
   in_flight_.push_back({index, flat, output, std::move(work)});
@@ -223,12 +212,7 @@ void FsdpEngine::settle_oldest() {
   in_flight_.pop_front();
   done.work->wait();
   at::Tensor grad = done.output.div_(static_cast<double>(group_->getSize()));
-  UnitShard& unit = units_[done.unit];
-  if (unit.data.grad().defined()) {
-    unit.data.mutable_grad().add_(grad);
-  } else {
-    unit.data.mutable_grad() = grad;
-  }
+  accumulate_grad(units_[done.unit].data, grad);
 }
 
 // Every rank issues the same reduce-scatters in the same order: backward visits the same
@@ -288,12 +272,14 @@ void FsdpEngine::load_full_state_dict(const StateDict& state) {
       const auto found = state.find(info.name);
       if (found == state.end()) {
         throw Error("sgpu FullyShardedDataParallel: the state to load has no tensor '" + info.name +
-                    "', which the model has (shape " + shape_string(info.shape) + ")");
+                    "', which the model has (shape " + c10::str(c10::IntArrayRef(info.shape)) +
+                    ")");
       }
       const at::Tensor& t = found->second;
       if (t.sizes().vec() != info.shape) {
         throw Error("sgpu FullyShardedDataParallel: tensor '" + info.name + "' to load has shape " +
-                    shape_string(t.sizes()) + " but the model's has " + shape_string(info.shape));
+                    c10::str(t.sizes()) + " but the model's has " +
+                    c10::str(c10::IntArrayRef(info.shape)));
       }
       if (t.scalar_type() != unit.data.scalar_type()) {
         throw Error("sgpu FullyShardedDataParallel: tensor '" + info.name + "' to load is " +

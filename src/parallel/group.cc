@@ -55,4 +55,26 @@ at::Tensor flatten_padded(const std::vector<at::Tensor>& tensors, std::int64_t p
   return flat;
 }
 
+at::Tensor take_grads_flat(std::vector<at::Tensor>& params, std::int64_t padded_numel,
+                           const at::TensorOptions& options) {
+  at::Tensor flat = at::zeros({padded_numel}, options.requires_grad(false));
+  std::int64_t offset = 0;
+  for (auto& p : params) {
+    if (p.grad().defined()) {
+      flat.narrow(0, offset, p.numel()).copy_(p.grad().reshape(-1));
+      p.mutable_grad().reset();
+    }
+    offset += p.numel();
+  }
+  return flat;
+}
+
+void accumulate_grad(at::Tensor& leaf, const at::Tensor& grad) {
+  if (leaf.grad().defined()) {
+    leaf.mutable_grad().add_(grad);
+  } else {
+    leaf.mutable_grad() = grad;
+  }
+}
+
 }  // namespace sgpu::parallel

@@ -32,4 +32,13 @@ std::int64_t padded_to(std::int64_t numel, std::int64_t world);
 // autograd.
 at::Tensor flatten_padded(const std::vector<at::Tensor>& tensors, std::int64_t padded_numel);
 
+// The gradients of `params` laid end to end (a parameter without one gives zeros), then
+// zeros up to `padded_numel`, in a new tensor like `options`; the parameters' gradients
+// are released.
+at::Tensor take_grads_flat(std::vector<at::Tensor>& params, std::int64_t padded_numel,
+                           const at::TensorOptions& options);
+
+// Adds `grad` to the leaf's gradient, or makes it the gradient when it has none.
+void accumulate_grad(at::Tensor& leaf, const at::Tensor& grad);
+
 }  // namespace sgpu::parallel

@@ -169,6 +169,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params, ZeroConfig config,
         std::to_string(config_.micro_batch_size * config_.gradient_accumulation_steps * world));
   }
   if (params_.empty()) throw Error("sgpu ZeroOptimizer: no parameters to optimise");
+  std::int64_t flat_numel = 0;
   for (const auto& p : params_) {
     if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device()) {
       throw Error("sgpu ZeroOptimizer: the parameters must share one dtype and device; found " +
@@ -176,10 +177,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params, ZeroConfig config,
                   params_[0].device().str() + " and " +
                   std::string(c10::toString(p.scalar_type())) + " on " + p.device().str());
     }
-    flat_numel_ += p.numel();
+    flat_numel += p.numel();
   }
   broadcast_from_rank0(group_, params_);
-  padded_numel_ = padded_to(flat_numel_, world);
+  padded_numel_ = padded_to(flat_numel, world);
   const std::int64_t part = padded_numel_ / world;
   partition_offset_ = group_->getRank() * part;
   partition_ = flatten_padded(params_, padded_numel_).narrow(0, partition_offset_, part).clone();
@@ -210,28 +211,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params, ZeroConfig config,
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
-at::Tensor ZeroOptimizer::flat_grads() {
-  at::Tensor flat = at::zeros({padded_numel_}, partition_.options().requires_grad(false));
-  std::int64_t offset = 0;
-  for (auto& p : params_) {
-    if (p.grad().defined()) {
-      flat.narrow(0, offset, p.numel()).copy_(p.grad().reshape(-1));
-      p.mutable_grad().reset();
-    }
-    offset += p.numel();
-  }
-  return flat;
-}
-
 void ZeroOptimizer::reduce_scatter_into_partition() {
-  at::Tensor flat = flat_grads();
+  at::Tensor flat = take_grads_flat(params_, padded_numel_, partition_.options());
   at::Tensor mine = at::empty({partition_.numel()}, flat.options());
   group_->_reduce_scatter_base(mine, flat)->wait();
-  if (partition_.grad().defined()) {
-    partition_.mutable_grad().add_(mine);
-  } else {
-    partition_.mutable_grad() = mine;
-  }
+  accumulate_grad(partition_, mine);
 }
 
 void ZeroOptimizer::backward(const at::Tensor& loss) {
@@ -245,7 +229,7 @@ bool ZeroOptimizer::step() {
   const double world = static_cast<double>(group_->getSize());
   torch::NoGradGuard no_grad;
   if (config_.stage == 1) {
-    std::vector<at::Tensor> flat{flat_grads()};
+    std::vector<at::Tensor> flat{take_grads_flat(params_, padded_numel_, partition_.options())};
     group_->allreduce(flat)->wait();
     partition_.mutable_grad() = flat[0].narrow(0, partition_offset_, partition_.numel()).clone();
   } else if (!partition_.grad().defined()) {

@@ -88,13 +88,11 @@ class ZeroOptimizer {
   double last_grad_norm() const { return last_grad_norm_; }
 
  private:
-  at::Tensor flat_grads();
   void reduce_scatter_into_partition();
 
   std::vector<at::Tensor> params_;
   ZeroConfig config_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  std::int64_t flat_numel_ = 0;
   std::int64_t padded_numel_ = 0;
   std::int64_t partition_offset_ = 0;
   at::Tensor partition_;  // leaf; the inner optimizer's only parameter
