@@ -24,13 +24,6 @@ std::string host_name() {
   return name;
 }
 
-std::string user_name() {
-  for (const char* var : {"LOGNAME", "USER", "LNAME", "USERNAME"}) {
-    if (std::string value = env_or_empty(var); !value.empty()) return value;
-  }
-  return "unknown";
-}
-
 std::string program_path() {
   std::error_code ec;
   const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -83,7 +76,7 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
       experiment_id = store->experiment_by_name("Default");
     }
     std::vector<Tag> all_tags = {
-        {"mlflow.user", user_name()},    {"mlflow.source.name", program_path()},
+        {"mlflow.user", current_user()}, {"mlflow.source.name", program_path()},
         {"mlflow.source.type", "LOCAL"}, {"sgpu.version", SGPU_VERSION},
         {"sgpu.host", host_name()},
     };

@@ -5,13 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "sgpu/errors.h"
+#include "tracking/file/file_store.h"
 #include "tracking/spool.h"
 
 namespace sgpu::tracking {
@@ -19,13 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-RunStatus status_from(const std::string& name) {
-  for (RunStatus s : {RunStatus::kFinished, RunStatus::kFailed, RunStatus::kKilled}) {
-    if (name == status_name(s)) return s;
-  }
-  return RunStatus::kFailed;
-}
 
 // An exclusive lock on the record, held while the folder is sent; -1 when another process
 // holds it or the record is gone.
@@ -55,7 +47,8 @@ std::optional<PendingRun> read_pending(const fs::path& record) {
   PendingRun p;
   p.uri = j["uri"].get<std::string>();
   p.run_id = j["run_id"].get<std::string>();
-  p.status = status_from(j.value("status", "FAILED"));
+  p.status = status_from_name(j.value("status", "FAILED"));
+  if (p.status == RunStatus::kRunning) p.status = RunStatus::kFailed;  // a run ends finished
   p.end_time_ms = j.value("end_time_ms", std::int64_t{0});
   p.remove_folder = j.value("remove_folder", false);
   return p;
@@ -69,19 +62,7 @@ void write_pending(const fs::path& run_dir, const PendingRun& pending) {
                   {"status", status_name(pending.status)},
                   {"end_time_ms", pending.end_time_ms},
                   {"remove_folder", pending.remove_folder}};
-  const fs::path record = run_dir / kPendingName;
-  const fs::path partial = run_dir / (std::string(kPendingName) + ".partial");
-  {
-    std::ofstream out(partial, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out.flush()) {
-      throw TrackingError("tracking: cannot write " + partial.string() + ": " +
-                          std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  fs::rename(partial, record, ec);
-  if (ec) throw TrackingError("tracking: cannot write " + record.string() + ": " + ec.message());
+  replace_file(run_dir / kPendingName, j.dump(2) + "\n");
 }
 
 SpoolSend send_spools(Store& store, const fs::path& run_dir) {

@@ -1,5 +1,9 @@
 #include "tracking/run_model.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <random>
 
 #include "tracking/ids.h"
@@ -30,6 +34,21 @@ const char* status_name(RunStatus status) {
       return "KILLED";
   }
   return "RUNNING";
+}
+
+RunStatus status_from_name(std::string_view name) {
+  for (RunStatus s : {RunStatus::kFinished, RunStatus::kFailed, RunStatus::kKilled}) {
+    if (name == status_name(s)) return s;
+  }
+  return RunStatus::kRunning;
+}
+
+std::string current_user() {
+  for (const char* var : {"LOGNAME", "USER", "LNAME", "USERNAME"}) {
+    if (const char* value = std::getenv(var); value != nullptr && *value != '\0') return value;
+  }
+  if (const passwd* entry = ::getpwuid(::getuid())) return entry->pw_name;
+  return "unknown";
 }
 
 std::int64_t now_ms() {

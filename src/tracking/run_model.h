@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sgpu::tracking {
@@ -16,6 +17,8 @@ namespace sgpu::tracking {
 // MLflow's RunStatus names, as its stores write them.
 enum class RunStatus { kRunning, kFinished, kFailed, kKilled };
 const char* status_name(RunStatus status);  // "RUNNING", "FINISHED", ...
+// The status a name stands for; kRunning for a name that is none of them.
+RunStatus status_from_name(std::string_view name);
 
 struct Metric {
   std::string key;
@@ -55,5 +58,9 @@ struct RunInfo {
 
 // Milliseconds since the epoch, as MLflow timestamps are.
 std::int64_t now_ms();
+
+// The user MLflow records, as Python's getpass.getuser() finds it: LOGNAME, USER, LNAME or
+// USERNAME, else the password database, else "unknown".
+std::string current_user();
 
 }  // namespace sgpu::tracking

@@ -1,7 +1,6 @@
 #include "tracking/file/file_store.h"
 
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -113,26 +112,6 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
-// Written aside and renamed into place: a reader sees the old file or the new one.
-void replace_file(const fs::path& path, const std::string& content) {
-  const fs::path aside = path.parent_path() / ("." + path.filename().string() + ".sgpu-" +
-                                               std::to_string(::getpid()) + "-" + random_hex(8));
-  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail("write", aside, errno);
-  const ssize_t n = ::write(fd, content.data(), content.size());
-  const int write_error = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(content.size())) {
-    ::unlink(aside.c_str());
-    fail("write", aside, n < 0 ? write_error : ENOSPC);
-  }
-  if (::rename(aside.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(aside.c_str());
-    fail("write", path, error);
-  }
-}
-
 void make_dirs(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -169,14 +148,6 @@ std::string experiment_meta(const std::string& id, const std::string& name,
          "\ntrace_location: null\nworkspace: default\n";
 }
 
-std::string user_name() {
-  for (const char* var : {"LOGNAME", "USER", "LNAME", "USERNAME"}) {
-    if (const char* value = std::getenv(var); value != nullptr && *value != '\0') return value;
-  }
-  if (const passwd* entry = ::getpwuid(::getuid())) return entry->pw_name;
-  return "unknown";
-}
-
 // Python's str(float): "1.5", "3.0", "nan", "inf", "-inf", "1e+300".
 std::string python_float(double value) {
   if (std::isnan(value)) return "nan";
@@ -189,6 +160,25 @@ std::string python_float(double value) {
 }
 
 }  // namespace
+
+void replace_file(const fs::path& path, const std::string& content) {
+  const fs::path aside = path.parent_path() / ("." + path.filename().string() + ".sgpu-" +
+                                               std::to_string(::getpid()) + "-" + random_hex(8));
+  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail("write", aside, errno);
+  const ssize_t n = ::write(fd, content.data(), content.size());
+  const int write_error = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(content.size())) {
+    ::unlink(aside.c_str());
+    fail("write", aside, n < 0 ? write_error : ENOSPC);
+  }
+  if (::rename(aside.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(aside.c_str());
+    fail("write", path, error);
+  }
+}
 
 fs::path file_store_root(const std::string& uri) {
   std::string path = uri;
@@ -267,7 +257,7 @@ RunInfo FileStore::create_run(const std::string& experiment_id, const std::strin
                            "\nsource_name: ''\nsource_type: 4\nsource_version: ''"
                            "\nstart_time: " +
                            std::to_string(start_time_ms) +
-                           "\nstatus: 1\ntags: []\nuser_id: " + yaml_string(user_name()) + "\n";
+                           "\nstatus: 1\ntags: []\nuser_id: " + yaml_string(current_user()) + "\n";
   replace_file(dir / "meta.yaml", meta);
   for (const char* sub : {"metrics", "params", "artifacts", "tags"}) make_dirs(dir / sub);
   Batch initial;

@@ -52,13 +52,6 @@ std::string string_field(const json& object, const char* key) {
   return it->get<std::string>();
 }
 
-RunStatus status_from_name(const std::string& name) {
-  if (name == "FINISHED") return RunStatus::kFinished;
-  if (name == "FAILED") return RunStatus::kFailed;
-  if (name == "KILLED") return RunStatus::kKilled;
-  return RunStatus::kRunning;
-}
-
 RunInfo run_info_from(const json& response) {
   const json& info = response.at("run").at("info");
   RunInfo run;
