@@ -2,6 +2,7 @@
 //   sgpu info                               backends, GPUs, versions
 //   sgpu run [options] -- PROGRAM ARGS...   PROGRAM on N ranks, as torchrun would start it
 //   sgpu bench collectives [options]        collective throughput (bench_collectives)
+//   sgpu tracking sync [--log-dir D]        send runs left pending when a store was down
 //
 // Exit status of `sgpu run`: 0 when every rank succeeded; else the root-cause rank's exit
 // code, or 128+signal when a signal killed it; 124 on timeout; 3 for an accelerator
