@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -163,6 +164,40 @@ TEST(Launcher, ARankThatFinishesFirstIsNoFailure) {
     return sgpu::global_rank();
   };
   EXPECT_EQ(sgpu::distributed(fn, sim(3)).distributed(400), (std::vector<int>{0, 1, 2}));
+}
+
+// Every listening socket on MASTER_PORT, as the kernel lists it: "tcp 0100007F" is
+// 127.0.0.1, "tcp6 000...000" the IPv6 wildcard (which takes IPv4 too).
+std::vector<std::string> store_listeners() {
+  std::ostringstream port;
+  port << std::uppercase << std::hex << std::setw(4) << std::setfill('0')
+       << std::stoi(env_or("MASTER_PORT"));
+  std::vector<std::string> found;
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream in(std::string("/proc/net/") + table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.find(':');
+      if (state == "0A" && local.substr(colon + 1) == port.str()) {
+        found.push_back(std::string(table) + " " + local.substr(0, colon));
+      }
+    }
+  }
+  return found;
+}
+
+// The store is reachable from this node only: anyone who can reach the node could
+// otherwise read and write the call's rendezvous keys.
+TEST(Launcher, TheRendezvousStoreListensOnLoopbackOnly) {
+  const std::vector<std::vector<std::string>> seen =
+      sgpu::distributed(store_listeners, sim(2, true)).distributed();
+  for (const auto& listeners : seen) {
+    EXPECT_EQ(listeners, (std::vector<std::string>{"tcp 0100007F"}));
+  }
 }
 
 TEST(Launcher, AsynchronousLaunchWaitsAndReportsDone) {
