@@ -118,10 +118,13 @@ std::unique_ptr<CallRun> CallRun::begin(const Options& options, const CallFacts&
 }
 
 std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() const {
-  return {{"MLFLOW_RUN_ID", info_.run_id},
-          {"MLFLOW_TRACKING_URI", store_->uri()},
-          {"MLFLOW_EXPERIMENT_ID", info_.experiment_id},
-          {"SGPU_TRACKING", "on"}};
+  std::vector<std::pair<std::string, std::string>> environment = {
+      {"MLFLOW_RUN_ID", info_.run_id},
+      {"MLFLOW_TRACKING_URI", store_->uri()},
+      {"MLFLOW_EXPERIMENT_ID", info_.experiment_id},
+      {"SGPU_TRACKING", "on"}};
+  for (auto& entry : store_->client_environment()) environment.push_back(std::move(entry));
+  return environment;
 }
 
 std::string CallRun::link() const { return store_->run_link(info_); }

@@ -14,6 +14,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sgpu/errors.h"
 #include "tracking/run_model.h"
@@ -49,6 +51,11 @@ class Store {
   virtual std::string run_link(const RunInfo& run) const = 0;
   // The tracking URI that finds this store again (what ranks get as MLFLOW_TRACKING_URI).
   virtual std::string uri() const = 0;
+  // What MLflow's own client needs, besides MLFLOW_TRACKING_URI, to open this store in a
+  // rank ("NAME", "value" pairs). The default needs nothing.
+  virtual std::vector<std::pair<std::string, std::string>> client_environment() const {
+    return {};
+  }
 };
 
 // The store for `uri`: `http(s)://...` is a server, `file:...`, a path, or empty (then

@@ -127,6 +127,41 @@ TEST(SgpuRun, EachLaunchIsAnMlflowRunTheRanksFind) {
   std::filesystem::remove_all(dir);
 }
 
+// MLflow 3's client refuses a file store unless MLFLOW_ALLOW_FILE_STORE=true: the launch
+// gives its ranks that, so mlflow.log_metric inside them lands in the launch's run.
+TEST(SgpuRun, MlflowsOwnClientInEveryRankLogsIntoTheLaunchsFileStoreRun) {
+  const std::string dir = sgpu::testing::make_temp_dir("sgpu-cli-mlflow").string();
+  ::unsetenv("MLFLOW_ALLOW_FILE_STORE");
+  const Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "300", "--",
+                         SGPU_TEST_PYTHON, SGPU_TEST_SOURCE_DIR "/cli/mlflow_log.py"},
+                        "MLFLOW_TRACKING_URI=file:" + dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto at = r.output.find("sgpu: tracking run ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string run_id = r.output.substr(at + 19, 32);
+  expect_has(r.output, "[rank 0] rank 0: logged into " + run_id);
+  expect_has(r.output, "[rank 1] rank 1: logged into " + run_id);
+  int runs_found = 0;
+  for (const auto& experiment : std::filesystem::directory_iterator(dir)) {
+    const auto metrics = experiment.path() / run_id / "metrics";
+    if (!std::filesystem::exists(metrics)) continue;
+    ++runs_found;
+    for (int rank = 0; rank < 2; ++rank) {
+      std::ifstream in(metrics / ("loss_rank" + std::to_string(rank)));
+      std::vector<std::pair<double, int>> points;  // value, step
+      long long timestamp = 0;
+      double value = 0;
+      int step = 0;
+      while (in >> timestamp >> value >> step) points.emplace_back(value, step);
+      const std::vector<std::pair<double, int>> expected = {
+          {rank + 0.0, 0}, {rank + 0.1, 1}, {rank + 0.2, 2}};
+      EXPECT_EQ(points, expected) << "rank " << rank;
+    }
+  }
+  EXPECT_EQ(runs_found, 1) << "run " << run_id << " under " << dir << "\n" << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SgpuRun, TimeoutExits124) {
   const Result r =
       sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "1", "--", "sleep", "60"});

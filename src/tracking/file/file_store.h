@@ -39,6 +39,11 @@ class FileStore final : public Store {
   RunInfo get_run(const std::string& run_id) override;
   std::string run_link(const RunInfo& run) const override;
   std::string uri() const override;
+  // MLflow 3 keeps the file store in maintenance mode: its client opens one only with
+  // MLFLOW_ALLOW_FILE_STORE=true.
+  std::vector<std::pair<std::string, std::string>> client_environment() const override {
+    return {{"MLFLOW_ALLOW_FILE_STORE", "true"}};
+  }
 
   const std::filesystem::path& root() const { return root_; }
 
