@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
-#include "parallel/fsdp.h"
-#include "parallel/group.h"
+#include "sgpu/checkpoint/checkpoint.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/group.h"
 #include "sgpu/sgpu.h"
 
 namespace {

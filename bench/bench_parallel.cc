@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/ddp.h"
-#include "parallel/fsdp.h"
-#include "parallel/group.h"
-#include "parallel/zero.h"
+#include "sgpu/parallel/ddp.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/group.h"
+#include "sgpu/parallel/zero.h"
 #include "sgpu/sgpu.h"
 
 namespace {

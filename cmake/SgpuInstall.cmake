@@ -1,7 +1,7 @@
 # Installing sgpu: libraries, headers, the CMake package (find_package(sgpu)) and a .deb.
 include(CMakePackageConfigHelpers)
 
-set(_sgpu_exported sgpu_headers sgpu_errors sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
+set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
   sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
 if(SGPU_WITH_CUDA)
   list(APPEND _sgpu_exported sgpu_backend_cuda)
@@ -29,12 +29,10 @@ if(SGPU_WITH_CUDA)
   install(TARGETS sgpu_cuda_runtime LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(TARGETS sgpu_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir sgpu serialize backend launcher tracking parallel checkpoint data)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-    FILES_MATCHING PATTERN "*.h" PATTERN "mains" EXCLUDE PATTERN "table" EXCLUDE)
-endforeach()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/sim DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  FILES_MATCHING PATTERN "*.h")
+# The public headers, and only they: include/sgpu/ is all a consumer gets at the include
+# root. Public headers include nothing outside sgpu/ (ci/check-architecture).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/sgpu DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.h" PATTERN "mains" EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/sgpu/config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/sgpu)
 

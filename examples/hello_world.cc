@@ -1,10 +1,10 @@
 // The smallest sgpu program: one function on 8 (simulated) H100s, every rank's result back.
 //
 //   SGPU_BACKEND=sim build/bin/hello_world
+#include <sgpu/sgpu.h>
+
 #include <iostream>
 #include <string>
-
-#include "sgpu/sgpu.h"
 
 int hello_world(std::string name) {
   if (sgpu::local_rank() == 0) std::cout << "hello " << name << std::endl;

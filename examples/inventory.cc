@@ -1,15 +1,13 @@
 // Prints what every backend of this build sees on this node.
 //   build/bin/inventory
-#include <iostream>
+#include <sgpu/sgpu.h>
 
-#include "backend/backend_table.h"
-#include "sgpu/sgpu.h"
+#include <iostream>
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
-  for (const auto& entry : sgpu::backend::backend_table()) {
-    const auto inventory = sgpu::backend::find_backend(entry.name).inventory(sgpu::Options{});
-    std::cout << entry.name << ": " << inventory.summary();
+  for (const auto& [backend, inventory] : sgpu::inventories()) {
+    std::cout << backend << ": " << inventory.summary();
     if (inventory.gpus.empty()) std::cout << " (" << inventory.unavailable_reason << ")";
     std::cout << "\n";
     for (const auto& gpu : inventory.gpus) {

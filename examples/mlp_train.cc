@@ -6,6 +6,9 @@
 //   SGPU_BACKEND=sim build/bin/mlp_train                      # 8 simulated H100s, DDP
 //   build/bin/mlp_train --strategy fsdp --epochs 3 --batch-size 1
 //   build/bin/mlp_train --gpus 4 --gpu-type A10               # on a node with 4 A10s
+#include <sgpu/data/sampler.h>
+#include <sgpu/parallel.h>
+#include <sgpu/sgpu.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -18,12 +21,6 @@
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include "parallel/ddp.h"
-#include "parallel/fsdp.h"
-#include "parallel/sampler.h"
-#include "parallel/zero.h"
-#include "sgpu/sgpu.h"
 
 namespace {
 
@@ -63,7 +60,7 @@ RankResult train(const Job& job, Step&& step) {
   torch::manual_seed(0);  // the same random dataset on every rank
   const at::Tensor features = torch::randn({job.samples, 10}).to(device);
   const at::Tensor targets = torch::randn({job.samples, 1}).to(device);
-  auto sampler = sgpu::parallel::distributed_sampler(job.samples);
+  auto sampler = sgpu::data::distributed_sampler(job.samples);
   RankResult result{sgpu::global_rank(), sgpu::device(), 0, {}};
   std::int64_t global_step = 0;
   for (int epoch = 0; epoch < job.epochs; ++epoch) {

@@ -36,6 +36,7 @@ std::uint64_t parse_memory(std::string_view spec, std::string_view text) {
 backend::Inventory parse_node_spec(std::string_view spec) {
   backend::Inventory inventory;
   inventory.node = "simulated node " + std::string(spec);
+  inventory.sim_spec = std::string(spec);
   if (spec.empty()) bad_spec(spec, "it is empty");
   std::size_t start = 0;
   while (start <= spec.size()) {

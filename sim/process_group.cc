@@ -5,6 +5,8 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "backend/process_group_factory.h"
+#include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sim/faults.h"
 #include "sim/sim_backend.h"
@@ -125,8 +127,9 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
 void SimBackend::bind(int device_index) const {
   const char* plan = std::getenv(kFaultsVar);
   if (plan == nullptr || *plan == '\0') return;
-  const int rank = std::atoi(std::getenv("RANK"));
-  const int world = std::atoi(std::getenv("WORLD_SIZE"));
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  const int rank = env.rank;
+  const int world = env.world_size;
   RankFaults& state = rank_faults();
   for (const Fault& fault : parse_faults(plan, world)) {
     if (fault.rank == rank) state.faults.push_back(fault);
@@ -142,7 +145,15 @@ void SimBackend::bind(int device_index) const {
   }
 }
 
-c10::intrusive_ptr<c10d::Backend> SimBackend::make_process_group(
+namespace {
+
+class GlooGroups final : public backend::ProcessGroupFactory {
+ public:
+  c10::intrusive_ptr<c10d::Backend> make(
+      const backend::ProcessGroupRequest& request) const override;
+};
+
+c10::intrusive_ptr<c10d::Backend> GlooGroups::make(
     const backend::ProcessGroupRequest& request) const {
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = request.timeout;
@@ -151,6 +162,13 @@ c10::intrusive_ptr<c10d::Backend> SimBackend::make_process_group(
       request.store, request.rank, request.world_size, options);
   if (rank_faults().faults.empty()) return gloo;
   return c10::make_intrusive<FaultInjectingBackend>(std::move(gloo));
+}
+
+}  // namespace
+
+const backend::ProcessGroupFactory& SimBackend::process_groups() const {
+  static const GlooGroups groups;
+  return groups;
 }
 
 }  // namespace sgpu::sim

@@ -18,8 +18,8 @@ class SimBackend final : public backend::Backend {
   std::string device(int device_index) const override { return "cpu"; }
   // Applies this rank's start faults and arms its timed ones.
   void bind(int device_index) const override;
-  c10::intrusive_ptr<c10d::Backend> make_process_group(
-      const backend::ProcessGroupRequest& request) const override;
+  // Gloo on CPU tensors, wrapped to act on collective faults (sim/process_group.cc).
+  const backend::ProcessGroupFactory& process_groups() const override;
   // The fault plan (Options::sim_faults, else SGPU_SIM_FAULTS), checked.
   std::vector<std::string> rank_environment(const Options& options) const override;
 };

@@ -17,8 +17,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "backend/backend.h"
-#include "serialize/values.h"
+#include "backend/process_group_factory.h"
+#include "sgpu/internal/values.h"
 
 extern char** environ;
 

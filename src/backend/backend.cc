@@ -6,7 +6,7 @@
 #include "backend/selection.h"
 #include "sgpu/errors.h"
 
-namespace sgpu::backend {
+namespace sgpu {
 
 std::string Inventory::summary() const {
   if (gpus.empty()) return "no GPU";
@@ -22,6 +22,10 @@ std::string Inventory::summary() const {
   }
   return text;
 }
+
+}  // namespace sgpu
+
+namespace sgpu::backend {
 
 Selection select_devices(const Inventory& inventory, int gpus, const std::string& gpu_type,
                          std::string_view backend_name) {

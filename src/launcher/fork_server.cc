@@ -18,7 +18,7 @@
 
 #include "launcher/program.h"
 #include "launcher/rank_main.h"
-#include "serialize/values.h"
+#include "sgpu/internal/values.h"
 
 extern char** environ;
 
@@ -195,7 +195,7 @@ class ServerHandle {
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
       if (std::strncmp(*entry, "SGPU_ROLE=", 10) != 0) request.env.emplace_back(*entry);
     }
-    request.env.push_back(std::string(kRoleVar) + "=" + kForkServerRole);
+    request.env.push_back(std::string(contract::kRoleVar) + "=" + kForkServerRole);
     request.stdout_fd = STDOUT_FILENO;
     request.stderr_fd = STDERR_FILENO;
     request.inherit_fds = {theirs.get(), lifeline_read_fd()};
@@ -356,7 +356,7 @@ void kill_and_reap(Channel& channel) {
   // Never freed: environ must stay valid through the exit handlers of every library.
   auto& strings = *new std::vector<std::string>;
   auto& pointers = *new std::vector<char*>;
-  const std::string parent = std::string(kParentVar) + "=";
+  const std::string parent = std::string(contract::kParentVar) + "=";
   for (const std::string& var : request.env) {
     if (var.rfind(parent, 0) != 0) strings.push_back(var);
   }

@@ -18,6 +18,8 @@
 
 #include "backend/backend_table.h"
 #include "backend/selection.h"
+#include "contract/rank_env.h"
+#include "contract/run_folder.h"
 #include "launcher/failure_table.h"
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
@@ -27,9 +29,9 @@
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
-#include "serialize/values.h"
-#include "sgpu/call.h"
 #include "sgpu/errors.h"
+#include "sgpu/internal/call.h"
+#include "sgpu/internal/values.h"
 #include "tracking/call_run.h"
 
 extern char** environ;
@@ -113,7 +115,7 @@ struct RankSlot {
   WallClock::time_point exit_time;
   bool exited_in_teardown = false;
   bool timed_out = false;
-  std::filesystem::path dir;
+  contract::RankFolder folder;  // rank-<N>/
 };
 
 class CallImpl final : public detail::Call {
@@ -201,29 +203,27 @@ class CallImpl final : public detail::Call {
   // is replaced, never passed on.
   std::vector<std::string> rank_env(const RankSlot& slot) const {
     const int world = options_.gpus;
-    std::vector<std::pair<std::string, std::string>> vars = {
-        {"RANK", std::to_string(slot.rank)},
-        {"LOCAL_RANK", std::to_string(slot.rank)},
-        {"GROUP_RANK", "0"},
-        {"ROLE_RANK", std::to_string(slot.rank)},
-        {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_WORLD_SIZE", std::to_string(world)},
-        {"NODE_RANK", "0"},
-        {"MASTER_ADDR", store_->host()},
-        {"MASTER_PORT", std::to_string(store_->port())},
-        {kRoleVar, command_.empty() ? "rank" : "program"},
-        // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
-        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-        {"TORCHELASTIC_RESTART_COUNT", "0"},
-        {"TORCHELASTIC_RUN_ID", run_dir_.filename().string()},
-        {kCallFileVar, (run_dir_ / "call.bin").string()},
-        {kRankDirVar, slot.dir.string()},
-        {kDeviceVar, std::to_string(slot.device_index)},
-        {kBackendVar, backend_name_},
-        {kParentVar, std::to_string(::getpid())},
-        {kLifelineVar, std::to_string(kRankLifelineFd)},
-        {kGroupTimeoutVar, std::to_string(group_timeout().count())},
-    };
+    contract::RankEnvironment rank;
+    rank.rank = slot.rank;
+    rank.local_rank = slot.rank;
+    rank.world_size = world;
+    rank.local_world_size = world;
+    rank.node_rank = 0;
+    rank.master_addr = store_->host();
+    rank.master_port = store_->port();
+    rank.role = command_.empty() ? "rank" : "program";
+    rank.call_file = contract::RunFolder{run_dir_}.call();
+    rank.rank_dir = slot.folder.dir;
+    rank.device_index = slot.device_index;
+    rank.backend = backend_name_;
+    rank.parent_pid = ::getpid();
+    rank.lifeline_fd = kRankLifelineFd;
+    rank.group_timeout = group_timeout();
+    std::vector<std::pair<std::string, std::string>> vars = rank.variables();
+    // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
+    vars.insert(vars.end(), {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                             {"TORCHELASTIC_RESTART_COUNT", "0"},
+                             {"TORCHELASTIC_RUN_ID", run_dir_.filename().string()}});
     for (auto& var :
          tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment()) {
       vars.push_back(std::move(var));
@@ -264,8 +264,8 @@ class CallImpl final : public detail::Call {
       RankSlot& slot = slots_[static_cast<std::size_t>(rank)];
       slot.rank = rank;
       slot.device_index = selection_.device_indices[static_cast<std::size_t>(rank)];
-      slot.dir = run_dir_ / ("rank-" + std::to_string(rank));
-      std::filesystem::create_directory(slot.dir);
+      slot.folder = contract::RunFolder{run_dir_}.rank(rank);
+      std::filesystem::create_directory(slot.folder.dir);
       Pipe out = make_pipe();
       Pipe err = make_pipe();
       SpawnRequest request;
@@ -278,9 +278,9 @@ class CallImpl final : public detail::Call {
       request.stderr_fd = err.write.get();
       slot.pid = starter_->start(request);
       const bool console = shows_on_console(rank);
-      slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.dir / "stdout.log",
+      slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
                                              console ? STDOUT_FILENO : -1);
-      slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.dir / "stderr.log",
+      slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.folder.stderr_log(),
                                              console ? STDERR_FILENO : -1);
     }
   }
@@ -295,7 +295,7 @@ class CallImpl final : public detail::Call {
   // A rank that exits on its own is a failure unless it exited 0 with its result written.
   bool exited_ok(const RankSlot& slot) const {
     if (!command_.empty()) return slot.exit->exit_code == 0;
-    return slot.exit->exit_code == 0 && std::filesystem::exists(slot.dir / "result.bin");
+    return slot.exit->exit_code == 0 && std::filesystem::exists(slot.folder.result());
   }
 
   void begin_teardown(Clock::time_point now) {
@@ -444,7 +444,7 @@ class CallImpl final : public detail::Call {
       row.exit_code = slot.exit->exit_code;
       row.signal = slot.exit->signal;
     }
-    const auto record = serialize::read_error_record(slot.dir / "error.json");
+    const auto record = serialize::read_error_record(slot.folder.error());
     // A rank whose own failure was recorded before teardown began failed in its own right,
     // even when its exit was seen only after.
     const bool failed_before_teardown = record && slot.exit &&
@@ -483,7 +483,7 @@ class CallImpl final : public detail::Call {
     } else if (outcome == Outcome::kSucceeded) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
         try {
-          results.push_back(serialize::read_record_file(slots_[i].dir / "result.bin",
+          results.push_back(serialize::read_record_file(slots_[i].folder.result(),
                                                         serialize::RecordKind::kResult,
                                                         options_.max_payload_bytes));
         } catch (const serialize::RecordError& e) {
@@ -609,18 +609,13 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
     facts.function_name =
         "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
   }
-  if (facts.backend == "sim") {
-    const char* env = std::getenv("SGPU_SIM");
-    facts.sim_node = !options.sim_node.empty()        ? options.sim_node
-                     : env != nullptr && *env != '\0' ? env
-                                                      : "8xH100";
-  }
+  facts.sim_node = inventory.sim_spec;
   std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(options, facts);
   try {
     const std::filesystem::path run_dir = launcher::make_run_dir(options);
     if (!runs_a_program) {
-      serialize::write_record_file(run_dir / "call.bin", serialize::RecordKind::kCall,
-                                   serialize::to_bytes(record));
+      serialize::write_record_file(contract::RunFolder{run_dir}.call(),
+                                   serialize::RecordKind::kCall, serialize::to_bytes(record));
     }
     auto call = std::make_shared<launcher::CallImpl>(
         options, std::move(record), std::move(command), std::string(chosen.name()),

@@ -10,7 +10,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "sgpu/call.h"
+#include "sgpu/internal/call.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -66,13 +66,8 @@ void set_program_args(int argc, char** argv) {
 
 const std::vector<std::string>& program_args() { return args_storage(); }
 
-long long env_int(const char* name, long long fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoll(value) : fallback;
-}
-
 bool started_as(std::string_view role) {
-  const char* value = std::getenv(kRoleVar);
+  const char* value = std::getenv(contract::kRoleVar);
   return value != nullptr && role == value;
 }
 

@@ -8,7 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "serialize/call_record.h"
+#include "contract/rank_env.h"
+#include "sgpu/internal/call_record.h"
 
 namespace sgpu::launcher {
 
@@ -16,20 +17,8 @@ void set_program_args(int argc, char** argv);
 // Empty until sgpu::init ran.
 const std::vector<std::string>& program_args();
 
-// The environment variable names sgpu sets for ranks, besides the torchrun ones.
-inline constexpr const char* kRoleVar = "SGPU_ROLE";                      // "rank"
-inline constexpr const char* kCallFileVar = "SGPU_CALL_FILE";             // the staged call.bin
-inline constexpr const char* kRankDirVar = "SGPU_RANK_DIR";               // rank-<N>/
-inline constexpr const char* kDeviceVar = "SGPU_DEVICE_INDEX";            // device to bind
-inline constexpr const char* kBackendVar = "SGPU_RANK_BACKEND";           // resolved backend name
-inline constexpr const char* kParentVar = "SGPU_PARENT_PID";              // expected parent
-inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";           // lifeline read end
-inline constexpr const char* kGroupTimeoutVar = "SGPU_GROUP_TIMEOUT_MS";  // collectives
-
-// The integer in environment variable `name`, or `fallback` when it is unset or empty.
-long long env_int(const char* name, long long fallback);
-
-// True when this process was started in `role` (SGPU_ROLE says so).
+// True when this process was started in `role` (SGPU_ROLE says so; NOTE [The rank
+// environment] in contract/rank_env.h).
 bool started_as(std::string_view role);
 // started_as("rank").
 bool started_as_rank();

@@ -19,12 +19,13 @@
 #include <thread>
 
 #include "backend/backend_table.h"
+#include "contract/run_folder.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
-#include "serialize/values.h"
 #include "sgpu/distributed.h"
+#include "sgpu/internal/values.h"
 #include "tracking/rank_logger.h"
 
 namespace sgpu::launcher {
@@ -102,16 +103,14 @@ void install_terminate_flush() {
 }
 
 void install_guards() {
-  const char* parent = std::getenv(kParentVar);
+  const contract::RankEnvironment env = contract::read_rank_environment();
   struct sigaction death {};
   death.sa_handler = kill_own_group;
   ::sigaction(kParentDeathSignal, &death, nullptr);
   ::prctl(PR_SET_PDEATHSIG, kParentDeathSignal);
-  if (parent != nullptr && std::to_string(::getppid()) != parent) kill_own_group(0);
+  if (env.parent_pid != 0 && ::getppid() != env.parent_pid) kill_own_group(0);
 
-  if (const char* fd = std::getenv(kLifelineVar)) {
-    std::thread(watch_lifeline, std::atoi(fd)).detach();
-  }
+  if (env.lifeline_fd >= 0) std::thread(watch_lifeline, env.lifeline_fd).detach();
   for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
     struct sigaction crash {};
     crash.sa_handler = on_crash;
@@ -144,7 +143,7 @@ std::string current_exception_type() {
   return status == 0 && demangled ? demangled.get() : type->name();
 }
 
-[[noreturn]] void fail(const std::filesystem::path& rank_dir, int rank, std::string type,
+[[noreturn]] void fail(const contract::RankFolder& folder, int rank, std::string type,
                        std::string message) {
   serialize::ErrorRecord record;
   record.type = std::move(type);
@@ -152,7 +151,7 @@ std::string current_exception_type() {
   record.rank = rank;
   record.time = std::chrono::system_clock::now();
   try {
-    serialize::write_error_record(rank_dir / "error.json", record);
+    serialize::write_error_record(folder.error(), record);
   } catch (...) {
   }
   std::cerr << "sgpu: rank " << rank << " failed: " << record.type << ": " << record.message
@@ -163,11 +162,13 @@ std::string current_exception_type() {
 }  // namespace
 
 void run_program(char** argv) {
-  const char* parent = std::getenv(kParentVar);
+  const long parent = contract::read_rank_environment().parent_pid;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // survives exec
-  if (parent != nullptr && std::to_string(::getppid()) != parent) ::_exit(137);
+  if (parent != 0 && ::getppid() != parent) ::_exit(137);
   ::fcntl(kRankLifelineFd, F_SETFD, FD_CLOEXEC);
-  for (const char* var : {kRoleVar, kCallFileVar, kParentVar, kLifelineVar}) ::unsetenv(var);
+  for (const char* var :
+       {contract::kRoleVar, contract::kCallFileVar, contract::kParentVar, contract::kLifelineVar})
+    ::unsetenv(var);
   ::execvp(argv[0], argv);
   std::fprintf(stderr, "sgpu: cannot run %s: %s\n", argv[0], std::strerror(errno));
   ::_exit(127);
@@ -177,31 +178,32 @@ void run_rank() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_guards();
   install_terminate_flush();
-  const std::filesystem::path rank_dir = std::getenv(kRankDirVar);
-  const int rank = std::atoi(std::getenv("RANK"));
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  const contract::RankFolder folder{env.rank_dir};
+  const int rank = env.rank;
   try {
     const auto record = serialize::from_bytes<serialize::CallRecord>(serialize::read_record_file(
-        std::getenv(kCallFileVar), serialize::RecordKind::kCall, std::size_t{1} << 40));
+        env.call_file, serialize::RecordKind::kCall, std::size_t{1} << 40));
     auto entry = reinterpret_cast<detail::EntryFn>(resolve_code(record.entry));
     void* function = resolve_code(record.function);
     // libtorch reads OMP_NUM_THREADS when it loads: a rank forked from the fork server
     // would keep the server's thread count (one per core) without this.
-    if (const long threads = env_int("OMP_NUM_THREADS", 0); threads > 0) {
+    if (const long threads = contract::env_int("OMP_NUM_THREADS", 0); threads > 0) {
       at::set_num_threads(static_cast<int>(threads));
     }
-    const backend::Backend& backend = backend::find_backend(std::getenv(kBackendVar));
-    backend.bind(std::atoi(std::getenv(kDeviceVar)));
+    const backend::Backend& backend = backend::find_backend(env.backend);
+    backend.bind(env.device_index);
     const std::string result = entry(function, record.signature, record.args);
     if (result.size() > record.max_payload_bytes) {
       throw serialize::RecordTooLarge(result.size(), record.max_payload_bytes);
     }
-    serialize::write_record_file(rank_dir / "result.bin", serialize::RecordKind::kResult, result);
+    serialize::write_record_file(folder.result(), serialize::RecordKind::kResult, result);
   } catch (const serialize::RecordTooLarge& e) {
-    fail(rank_dir, rank, "sgpu::ResultTooLarge", std::string("result ") + e.what());
+    fail(folder, rank, "sgpu::ResultTooLarge", std::string("result ") + e.what());
   } catch (const std::exception& e) {
-    fail(rank_dir, rank, current_exception_type(), e.what());
+    fail(folder, rank, current_exception_type(), e.what());
   } catch (...) {
-    fail(rank_dir, rank, current_exception_type(), "(not derived from std::exception)");
+    fail(folder, rank, current_exception_type(), "(not derived from std::exception)");
   }
   end_rank(0);
 }

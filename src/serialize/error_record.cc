@@ -3,6 +3,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "contract/atomic_file.h"
+
 namespace sgpu::serialize {
 
 void write_error_record(const std::filesystem::path& path, const ErrorRecord& record) {
@@ -13,13 +15,9 @@ void write_error_record(const std::filesystem::path& path, const ErrorRecord& re
                       {"rank", record.rank},
                       {"timestamp_ns", ns},
                       {"backtrace", record.backtrace}};
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    // Replace invalid UTF-8 in messages rather than failing to report the error at all.
-    out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  }
-  std::filesystem::rename(tmp, path);
+  // Replace invalid UTF-8 in messages rather than failing to report the error at all.
+  contract::write_file_atomically(
+      path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 std::optional<ErrorRecord> read_error_record(const std::filesystem::path& path) {

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <system_error>
 
+#include "contract/atomic_file.h"
+
 namespace sgpu::serialize {
 namespace {
 
@@ -111,23 +113,7 @@ std::string decode_record(std::string_view bytes, RecordKind kind, std::size_t l
 
 void write_record_file(const std::filesystem::path& path, RecordKind kind,
                        std::string_view payload) {
-  const std::string bytes = encode_record(kind, payload);
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + tmp.string());
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw std::system_error(err, std::generic_category(), "write " + tmp.string());
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  std::filesystem::rename(tmp, path);
+  contract::write_file_atomically(path, encode_record(kind, payload), {.mode = 0600});
 }
 
 std::string read_record_file(const std::filesystem::path& path, RecordKind kind,

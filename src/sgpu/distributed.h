@@ -6,7 +6,7 @@
 //   sgpu::Launch<int> handle = job.launch(config);         // asynchronous
 //
 // Functions travel by reference (ranks run the same binary), arguments and results by
-// value through cereal (see serialize/values.h for the types). A lambda that captures
+// value through cereal (see sgpu/internal/values.h for the types). A lambda that captures
 // state is rejected at compile time: pass the state as an argument instead.
 #pragma once
 
@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "serialize/values.h"
-#include "sgpu/call.h"
 #include "sgpu/errors.h"
+#include "sgpu/internal/call.h"
+#include "sgpu/internal/values.h"
 #include "sgpu/options.h"
 
 namespace sgpu {

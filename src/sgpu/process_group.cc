@@ -1,11 +1,11 @@
 #include "sgpu/process_group.h"
 
-#include <cstdlib>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "backend/backend_table.h"
-#include "launcher/program.h"
+#include "backend/process_group_factory.h"
+#include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
 
@@ -17,21 +17,20 @@ c10d::Backend& process_group() {
   static std::once_flag once;
   static c10::intrusive_ptr<c10d::Backend>* group = nullptr;  // lives to the rank's end
   std::call_once(once, [] {
-    const std::chrono::milliseconds timeout(launcher::env_int(
-        launcher::kGroupTimeoutVar, std::chrono::milliseconds(std::chrono::minutes(30)).count()));
+    const contract::RankEnvironment env = contract::read_rank_environment();
     c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<std::uint16_t>(launcher::env_int("MASTER_PORT", 0));
+    store_options.port = static_cast<std::uint16_t>(env.master_port);
     store_options.isServer = false;
-    store_options.timeout = timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(std::getenv("MASTER_ADDR"), store_options);
+    store_options.timeout = env.group_timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     backend::ProcessGroupRequest request;
     request.store = store;
-    request.rank = global_rank();
-    request.world_size = world_size();
-    request.device_index = static_cast<int>(launcher::env_int(launcher::kDeviceVar, 0));
-    request.timeout = timeout;
-    const backend::Backend& chosen = backend::find_backend(std::getenv(launcher::kBackendVar));
-    group = new c10::intrusive_ptr<c10d::Backend>(chosen.make_process_group(request));
+    request.rank = env.rank;
+    request.world_size = env.world_size;
+    request.device_index = env.device_index;
+    request.timeout = env.group_timeout;
+    const backend::Backend& chosen = backend::find_backend(env.backend);
+    group = new c10::intrusive_ptr<c10d::Backend>(chosen.process_groups().make(request));
   });
   return **group;
 }

@@ -8,9 +8,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <system_error>
 
+#include "contract/atomic_file.h"
 #include "sgpu/errors.h"
-#include "tracking/file/file_store.h"
 #include "tracking/spool.h"
 
 namespace sgpu::tracking {
@@ -62,14 +63,19 @@ void write_pending(const fs::path& run_dir, const PendingRun& pending) {
                   {"status", status_name(pending.status)},
                   {"end_time_ms", pending.end_time_ms},
                   {"remove_folder", pending.remove_folder}};
-  replace_file(run_dir / kPendingName, j.dump(2) + "\n");
+  const fs::path path = contract::RunFolder{run_dir}.tracking_pending();
+  try {
+    contract::write_file_atomically(path, j.dump(2) + "\n");
+  } catch (const std::system_error& e) {
+    throw TrackingError(std::string("tracking: cannot record the pending run: ") + e.what());
+  }
 }
 
 SpoolSend send_spools(Store& store, const fs::path& run_dir) {
   SpoolSend result;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
-    const fs::path spool = entry.path() / kSpoolName;
+    const fs::path spool = contract::RankFolder{entry.path()}.tracking_spool();
     if (!fs::exists(spool)) continue;
     for (const SpooledBatch& spooled : read_spool(spool)) {
       try {

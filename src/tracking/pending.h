@@ -20,13 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "contract/run_folder.h"
 #include "tracking/run_model.h"
 #include "tracking/store.h"
 
 namespace sgpu::tracking {
 
-inline constexpr const char* kPendingName = "tracking-pending.json";
-inline constexpr const char* kSpoolName = "tracking-spool.jsonl";
+// Their places in the run folder (NOTE [The run folder] in contract/run_folder.h).
+inline constexpr const char* kPendingName = contract::RunFolder::kTrackingPendingName;
+inline constexpr const char* kSpoolName = contract::RankFolder::kTrackingSpoolName;
 
 struct PendingRun {
   std::string uri;  // the store's (Store::uri())

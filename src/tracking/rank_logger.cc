@@ -5,10 +5,8 @@
 #include <iostream>
 #include <mutex>
 
-#include "sgpu/config.h"
-#if SGPU_WITH_TRACKING_SERVER
-#include "tracking/rest/rest_store.h"
-#endif
+#include "contract/rank_env.h"
+#include "contract/run_folder.h"
 #include "tracking/run_logger.h"
 
 namespace sgpu::tracking {
@@ -23,19 +21,10 @@ void create() {
   const std::string uri = tracking_uri_from_environment();
   std::unique_ptr<Store> store;
   try {
-#if SGPU_WITH_TRACKING_SERVER
-    if (uri.rfind("http", 0) == 0) {
-      // Patient with a busy server: the time a rank's end waits is bounded by
-      // close_rank_logger's limit, not here (what is not sent by then is spooled).
-      store = std::make_unique<RestStore>(
-          uri, RetryPolicy{3, std::chrono::milliseconds(200), std::chrono::seconds(15),
-                           std::chrono::seconds(2)});
-    } else {
-      store = open_store(uri);
-    }
-#else
-    store = open_store(uri);  // http(s) is refused, with the reason
-#endif
+    // Patient with a busy server: the time a rank's end waits is bounded by
+    // close_rank_logger's limit, not here (what is not sent by then is spooled).
+    store = open_store(uri, RetryPolicy{3, std::chrono::milliseconds(200), std::chrono::seconds(15),
+                                        std::chrono::seconds(2)});
   } catch (const std::exception& e) {
     std::cerr << "sgpu: " << e.what() << "; this rank logs nothing\n";
     return;
@@ -43,8 +32,9 @@ void create() {
   LoggerSettings settings;
   settings.run_id = run_id;
   settings.report_transient = false;
-  if (const char* dir = std::getenv("SGPU_RANK_DIR"); dir != nullptr && *dir != '\0') {
-    settings.spool_file = std::filesystem::path(dir) / "tracking-spool.jsonl";
+  if (const contract::RankEnvironment env = contract::read_rank_environment();
+      !env.rank_dir.empty()) {
+    settings.spool_file = contract::RankFolder{env.rank_dir}.tracking_spool();
   }
   // Never destroyed: a rank ends with _exit after close_rank_logger.
   g_logger.store(new RunLogger(std::move(store), std::move(settings)));

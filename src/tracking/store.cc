@@ -10,10 +10,10 @@
 
 namespace sgpu::tracking {
 
-std::unique_ptr<Store> open_store(const std::string& uri) {
+std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& server_retry) {
   if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
 #if SGPU_WITH_TRACKING_SERVER
-    return std::make_unique<RestStore>(uri);
+    return std::make_unique<RestStore>(uri, server_retry);
 #else
     throw TrackingError(
         "tracking: this sgpu was built without libcurl, so it cannot reach the MLflow server "

@@ -11,6 +11,7 @@
 // refused).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,15 +54,22 @@ class Store {
   virtual std::string uri() const = 0;
   // What MLflow's own client needs, besides MLFLOW_TRACKING_URI, to open this store in a
   // rank ("NAME", "value" pairs). The default needs nothing.
-  virtual std::vector<std::pair<std::string, std::string>> client_environment() const {
-    return {};
-  }
+  virtual std::vector<std::pair<std::string, std::string>> client_environment() const { return {}; }
 };
 
-// The store for `uri`: `http(s)://...` is a server, `file:...`, a path, or empty (then
-// `./mlruns`) is the file store. Anything else is a TrackingError naming what is
-// supported.
-std::unique_ptr<Store> open_store(const std::string& uri);
+// How a tracking server's store retries: a transient failure (no connection, a timeout,
+// 429, 5xx) is tried again with exponential backoff within these bounds.
+struct RetryPolicy {
+  int attempts = 4;                                   // tries per request
+  std::chrono::milliseconds first_backoff{200};       // doubles after each try
+  std::chrono::milliseconds request_timeout{10'000};  // one request, connect included
+  std::chrono::milliseconds connect_timeout{2'000};
+};
+
+// The store for `uri`: `http(s)://...` is a server (retrying as `server_retry` says),
+// `file:...`, a path, or empty (then `./mlruns`) is the file store. Anything else is a
+// TrackingError naming what is supported.
+std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& server_retry = {});
 
 // MLFLOW_TRACKING_URI, or "" (the file store under ./mlruns).
 std::string tracking_uri_from_environment();

@@ -6,7 +6,7 @@
 // safetensors reads the files. The ranks run on the test backend (support/test_backend.h):
 // simulated, or the GPUs in the gpu-labelled instance, which saves from and loads into
 // CUDA tensors and skips the tests that need more ranks than there are GPUs.
-#include "checkpoint/checkpoint.h"
+#include "sgpu/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/ddp.h"
-#include "parallel/fsdp.h"
-#include "parallel/zero.h"
+#include "sgpu/parallel/ddp.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/zero.h"
 #include "sgpu/sgpu.h"
 #include "support/test_backend.h"
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "checkpoint/safetensors.h"
+#include "sgpu/checkpoint/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace sgpu::checkpoint;

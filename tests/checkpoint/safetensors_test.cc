@@ -2,7 +2,7 @@
 // safetensors package writes and reads, and every kind of bad input gives a
 // CheckpointError naming the file and the tensor (properties: any truncation, any byte
 // flip, any lying header).
-#include "checkpoint/safetensors.h"
+#include "sgpu/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

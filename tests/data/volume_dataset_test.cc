@@ -2,7 +2,7 @@
 // workers, or the stated padding), order independent of read-ahead timing, exact resume
 // from a saved state, the local cache (LRU eviction, stale copies fetched again), and an
 // epoch read by 3 simulated ranks of 2 workers each.
-#include "data/volume_dataset.h"
+#include "sgpu/data/volume_dataset.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/ddp.h"
-#include "parallel/fsdp.h"
-#include "parallel/zero.h"
+#include "sgpu/parallel/ddp.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/zero.h"
 #include "sgpu/sgpu.h"
 #include "support/test_backend.h"
 

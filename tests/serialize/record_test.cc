@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace sgpu::serialize {
 namespace {
@@ -55,7 +56,11 @@ TEST(Record, FilesAreWrittenWholeAndCheckedOnRead) {
   std::filesystem::create_directories(dir);
   const auto path = dir / "result.bin";
   write_record_file(path, RecordKind::kResult, "payload");
-  EXPECT_FALSE(std::filesystem::exists(dir / "result.bin.tmp"));
+  // Nothing is left beside it (the content went through a sibling renamed into place).
+  std::vector<std::filesystem::path> in_folder;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    in_folder.push_back(entry.path());
+  EXPECT_EQ(in_folder, std::vector<std::filesystem::path>{path});
   EXPECT_EQ(read_record_file(path, RecordKind::kResult, 100), "payload");
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 2);
   EXPECT_THROW(read_record_file(path, RecordKind::kResult, 100), RecordError);

@@ -1,4 +1,4 @@
-#include "serialize/values.h"
+#include "sgpu/internal/values.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -29,8 +29,8 @@ class CudaBackend final : public backend::Backend {
     return "cuda:" + std::to_string(device_index);
   }
   void bind(int device_index) const override;
-  c10::intrusive_ptr<c10d::Backend> make_process_group(
-      const backend::ProcessGroupRequest& request) const override;
+  // NCCL, made by the runtime module.
+  const backend::ProcessGroupFactory& process_groups() const override;
 };
 
 std::unique_ptr<backend::Backend> make_cuda_backend();

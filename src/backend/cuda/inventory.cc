@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_type.h"
+#include "backend/process_group_factory.h"
 
 namespace sgpu::cuda {
 namespace {
@@ -129,11 +130,23 @@ const RuntimeModule& runtime_module() {
 
 void CudaBackend::bind(int device_index) const { runtime_module().bind(device_index); }
 
-c10::intrusive_ptr<c10d::Backend> CudaBackend::make_process_group(
-    const backend::ProcessGroupRequest& request) const {
-  c10::intrusive_ptr<c10d::Backend> group;
-  runtime_module().make_process_group(&request, &group);
-  return group;
+namespace {
+
+class NcclGroups final : public backend::ProcessGroupFactory {
+ public:
+  c10::intrusive_ptr<c10d::Backend> make(
+      const backend::ProcessGroupRequest& request) const override {
+    c10::intrusive_ptr<c10d::Backend> group;
+    runtime_module().make_process_group(&request, &group);
+    return group;
+  }
+};
+
+}  // namespace
+
+const backend::ProcessGroupFactory& CudaBackend::process_groups() const {
+  static const NcclGroups groups;
+  return groups;
 }
 
 std::unique_ptr<backend::Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }

@@ -5,7 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include "backend/backend.h"
+#include "backend/process_group_factory.h"
 
 extern "C" {
 

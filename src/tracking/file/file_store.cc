@@ -10,7 +10,9 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <system_error>
 
+#include "contract/atomic_file.h"
 #include "tracking/ids.h"
 
 namespace sgpu::tracking {
@@ -159,26 +161,16 @@ std::string python_float(double value) {
   return out;
 }
 
-}  // namespace
-
+// A reader sees the old file or the new one whole (contract/atomic_file.h).
 void replace_file(const fs::path& path, const std::string& content) {
-  const fs::path aside = path.parent_path() / ("." + path.filename().string() + ".sgpu-" +
-                                               std::to_string(::getpid()) + "-" + random_hex(8));
-  const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail("write", aside, errno);
-  const ssize_t n = ::write(fd, content.data(), content.size());
-  const int write_error = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(content.size())) {
-    ::unlink(aside.c_str());
-    fail("write", aside, n < 0 ? write_error : ENOSPC);
-  }
-  if (::rename(aside.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(aside.c_str());
-    fail("write", path, error);
+  try {
+    contract::write_file_atomically(path, content);
+  } catch (const std::system_error& e) {
+    fail("write", path, e.code().value());
   }
 }
+
+}  // namespace
 
 fs::path file_store_root(const std::string& uri) {
   std::string path = uri;

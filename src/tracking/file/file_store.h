@@ -55,10 +55,6 @@ class FileStore final : public Store {
   std::map<std::string, std::filesystem::path> run_dirs_;
 };
 
-// Writes `content` aside and renames it over `path`, so a reader sees the old file or the
-// new one whole. StoreError when it cannot.
-void replace_file(const std::filesystem::path& path, const std::string& content);
-
 // The folder a `file:` URI or a plain path names, made absolute.
 std::filesystem::path file_store_root(const std::string& uri);
 

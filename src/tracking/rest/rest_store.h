@@ -23,13 +23,6 @@
 
 namespace sgpu::tracking {
 
-struct RetryPolicy {
-  int attempts = 4;                                   // tries per request
-  std::chrono::milliseconds first_backoff{200};       // doubles after each try
-  std::chrono::milliseconds request_timeout{10'000};  // one request, connect included
-  std::chrono::milliseconds connect_timeout{2'000};
-};
-
 class RestStore final : public Store {
  public:
   explicit RestStore(std::string uri, RetryPolicy policy = {});

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/group.h"
+#include "sgpu/parallel/group.h"
 
 namespace sgpu::parallel {
 

@@ -40,10 +40,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/safetensors.h"
-#include "parallel/fsdp.h"
-#include "parallel/group.h"
-#include "parallel/zero.h"
+#include "sgpu/checkpoint/safetensors.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/group.h"
+#include "sgpu/parallel/zero.h"
 
 namespace sgpu::checkpoint {
 

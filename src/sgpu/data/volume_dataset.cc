@@ -1,4 +1,4 @@
-#include "data/volume_dataset.h"
+#include "sgpu/data/volume_dataset.h"
 
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "contract/atomic_file.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
 
@@ -150,12 +151,13 @@ fs::path FileCache::fetch(const fs::path& root, const std::string& relative) {
   if (size > limit_) return source;  // larger than the whole cache: read in place
   evict_for(size, relative);
   fs::create_directories(local.parent_path());
-  const fs::path temp = local.parent_path() / (".fetch-" + local.filename().string());
+  // Another worker reading the cache sees the whole copy or none (contract/atomic_file.h).
+  const fs::path temp = contract::sibling_for_writing(local);
   fs::copy_file(source, temp, fs::copy_options::overwrite_existing);
   // The copy carries the source's modification time: that and the size tell staleness.
   const struct timespec times[2] = {st.st_atim, st.st_mtim};
   ::utimensat(AT_FDCWD, temp.c_str(), times, 0);
-  fs::rename(temp, local);
+  contract::publish_file(temp, local, contract::Durability::kAtomic);
   lru_.push_front(relative);
   entries_[relative] = {size, lru_.begin()};
   bytes_ += size;

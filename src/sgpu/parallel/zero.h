@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/group.h"
+#include "sgpu/parallel/group.h"
 
 namespace sgpu::parallel {
 

@@ -1,7 +1,7 @@
 // The distributed sampler for libtorch's data loaders: each rank draws its own 1/N of
 // the dataset's indices, shuffled the same way on every rank for a given epoch.
 //
-//   auto sampler = sgpu::parallel::distributed_sampler(dataset.size().value());
+//   auto sampler = sgpu::data::distributed_sampler(dataset.size().value());
 //   for (size_t epoch = 0; epoch < epochs; ++epoch) {
 //     sampler.set_epoch(epoch);   // a new order each epoch
 //     ...
@@ -15,7 +15,7 @@
 
 #include "sgpu/runtime.h"
 
-namespace sgpu::parallel {
+namespace sgpu::data {
 
 // allow_duplicates: pad each rank's share to the same length by repeating indices (the
 // default, so no rank waits on a last batch the others do not have); false drops the tail.
@@ -26,4 +26,4 @@ inline torch::data::samplers::DistributedRandomSampler distributed_sampler(
       allow_duplicates);
 }
 
-}  // namespace sgpu::parallel
+}  // namespace sgpu::data

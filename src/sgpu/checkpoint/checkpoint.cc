@@ -1,4 +1,4 @@
-#include "checkpoint/checkpoint.h"
+#include "sgpu/checkpoint/checkpoint.h"
 
 #include <c10/util/StringUtil.h>
 #include <c10/util/accumulate.h>
@@ -16,7 +16,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <system_error>
 
+#include "contract/atomic_file.h"
 #include "sgpu/runtime.h"
 
 namespace sgpu::checkpoint {
@@ -35,46 +37,31 @@ std::uint32_t crc_of(const at::Tensor& contiguous_cpu) {
                                             contiguous_cpu.nbytes()));
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    throw CheckpointError("cannot open directory " + dir.string() + ": " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0)
-    throw CheckpointError("cannot fsync directory " + dir.string() + ": " + std::strerror(errno));
-}
-
 // Renames the written and fsynced `temp` to `path` and fsyncs the directory, passing the
 // write points "written:<file>" and "renamed:<file>".
 void publish(const fs::path& temp, const fs::path& path,
              const std::function<void(const std::string&)>& hook) {
   if (hook) hook("written:" + path.filename().string());
-  fs::rename(temp, path);
-  fsync_dir(path.parent_path());
+  try {
+    contract::publish_file(temp, path, contract::Durability::kSynced);
+  } catch (const std::system_error& e) {
+    throw CheckpointError(e.what());
+  }
   if (hook) hook("renamed:" + path.filename().string());
 }
 
-// Writes `text` to path's temporary sibling, fsyncs it and renames it into place.
+// Writes `text` durably over `path` (contract/atomic_file.h), with publish's write points.
 void write_text_durably(const fs::path& path, const std::string& text,
                         const std::function<void(const std::string&)>& hook) {
-  const fs::path temp = path.parent_path() / ("." + path.filename().string() + ".tmp");
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError("cannot create " + temp.string() + ": " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      throw CheckpointError("cannot write " + temp.string() + ": " + std::strerror(errno));
-    }
-    done += static_cast<std::size_t>(n);
+  try {
+    contract::write_file_atomically(
+        path, text, {.durability = contract::Durability::kSynced, .before_rename = [&] {
+                       if (hook) hook("written:" + path.filename().string());
+                     }});
+  } catch (const std::system_error& e) {
+    throw CheckpointError(e.what());
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    throw CheckpointError("cannot fsync " + temp.string() + ": " + std::strerror(errno));
-  }
-  publish(temp, path, hook);
+  if (hook) hook("renamed:" + path.filename().string());
 }
 
 json read_json(const fs::path& path) {
@@ -269,7 +256,7 @@ void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
     }
     std::map<std::string, std::string> metadata = options.metadata;
     metadata["sgpu_strategy"] = strategy;
-    const fs::path temp = dir / ("." + file + ".tmp");
+    const fs::path temp = contract::sibling_for_writing(dir / file);
     part["files"][file] = write_safetensors(temp, tensors, metadata);
     publish(temp, dir / file, hook);
   }

@@ -1,4 +1,4 @@
-#include "parallel/fsdp.h"
+#include "sgpu/parallel/fsdp.h"
 
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/engine.h>

@@ -1,4 +1,4 @@
-#include "parallel/zero.h"
+#include "sgpu/parallel/zero.h"
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/adam.h>

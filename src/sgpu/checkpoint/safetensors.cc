@@ -1,6 +1,6 @@
 // Byte order: safetensors is little-endian; sgpu runs on little-endian hosts (x86-64 and
 // aarch64 Linux), so tensor bytes are copied as they are.
-#include "checkpoint/safetensors.h"
+#include "sgpu/checkpoint/safetensors.h"
 
 #include <c10/util/accumulate.h>
 #include <fcntl.h>

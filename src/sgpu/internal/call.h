@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "serialize/call_record.h"
+#include "sgpu/internal/call_record.h"
 #include "sgpu/options.h"
 
 namespace sgpu::detail {

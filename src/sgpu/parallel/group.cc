@@ -1,4 +1,4 @@
-#include "parallel/group.h"
+#include "sgpu/parallel/group.h"
 
 #include <torch/utils.h>
 

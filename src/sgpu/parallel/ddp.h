@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/group.h"
+#include "sgpu/parallel/group.h"
 
 namespace c10d {
 class Reducer;

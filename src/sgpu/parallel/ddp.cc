@@ -1,4 +1,4 @@
-#include "parallel/ddp.h"
+#include "sgpu/parallel/ddp.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>

@@ -1,0 +1,31 @@
+// The part of a backend that makes the rank's c10d process group: NCCL on "cuda", Gloo
+// (with the fault plan's collective faults) on "sim". Kept apart from backend.h because
+// it needs libtorch's c10d headers, which nothing else of the interface does.
+//
+// make() runs in the rank, once per rank (sgpu::process_group()), with the call's store
+// and timeout. It returns a ready group or throws.
+#pragma once
+
+#include <chrono>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "backend/backend.h"
+
+namespace sgpu::backend {
+
+struct ProcessGroupRequest {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  int world_size = 1;
+  int device_index = 0;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+class ProcessGroupFactory {
+ public:
+  virtual ~ProcessGroupFactory() = default;
+  virtual c10::intrusive_ptr<c10d::Backend> make(const ProcessGroupRequest& request) const = 0;
+};
+
+}  // namespace sgpu::backend

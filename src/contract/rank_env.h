@@ -1,0 +1,65 @@
+// NOTE [The rank environment]
+// The variables a rank starts with. The launcher writes them (RankEnvironment::variables,
+// over the caller's environment), and code in the rank reads them only through
+// read_rank_environment(): the rank helpers (sgpu::global_rank() ...), the process group,
+// the simulated backend's fault plan, the rank logger. The rank's place has torchrun's
+// names, so programs written for torchrun run unchanged; the rest is SGPU_*.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sgpu::contract {
+
+// torchrun's.
+inline constexpr const char* kRankVar = "RANK";
+inline constexpr const char* kLocalRankVar = "LOCAL_RANK";
+inline constexpr const char* kGroupRankVar = "GROUP_RANK";
+inline constexpr const char* kRoleRankVar = "ROLE_RANK";
+inline constexpr const char* kWorldSizeVar = "WORLD_SIZE";
+inline constexpr const char* kLocalWorldSizeVar = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kNodeRankVar = "NODE_RANK";
+inline constexpr const char* kMasterAddrVar = "MASTER_ADDR";
+inline constexpr const char* kMasterPortVar = "MASTER_PORT";
+// sgpu's own.
+inline constexpr const char* kRoleVar = "SGPU_ROLE";                      // "rank", "program"
+inline constexpr const char* kCallFileVar = "SGPU_CALL_FILE";             // the staged call.bin
+inline constexpr const char* kRankDirVar = "SGPU_RANK_DIR";               // rank-<N>/
+inline constexpr const char* kDeviceVar = "SGPU_DEVICE_INDEX";            // device to bind
+inline constexpr const char* kBackendVar = "SGPU_RANK_BACKEND";           // resolved backend name
+inline constexpr const char* kParentVar = "SGPU_PARENT_PID";              // expected parent
+inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";           // lifeline read end
+inline constexpr const char* kGroupTimeoutVar = "SGPU_GROUP_TIMEOUT_MS";  // collectives
+
+struct RankEnvironment {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string role;  // "rank" (a function's), "program" (sgpu run's)
+  std::filesystem::path call_file;
+  std::filesystem::path rank_dir;
+  int device_index = 0;
+  std::string backend;
+  long parent_pid = 0;
+  int lifeline_fd = -1;
+  std::chrono::milliseconds group_timeout{std::chrono::minutes(30)};
+
+  // NAME, value for every variable above, torchrun's GROUP_RANK and ROLE_RANK included.
+  std::vector<std::pair<std::string, std::string>> variables() const;
+};
+
+// This process's rank environment; a field whose variable is unset or empty keeps its
+// default.
+RankEnvironment read_rank_environment();
+
+// The integer in environment variable `name`, or `fallback` when it is unset or empty.
+long long env_int(const char* name, long long fallback);
+
+}  // namespace sgpu::contract

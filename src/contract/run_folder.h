@@ -1,0 +1,48 @@
+// NOTE [The run folder]
+// Each call has a folder of its own, <runs dir>/<run id>/ (mode 0700), that the launcher
+// creates and every module writing into it finds through these names:
+//
+//   call.bin                       the staged call (launcher, before any rank starts)
+//   tracking-pending.json          a run whose end did not reach its store (tracking)
+//   rank-<N>/stdout.log            each rank's output (launcher, as it streams it)
+//   rank-<N>/stderr.log
+//   rank-<N>/result.bin            the rank's return value (the rank, as it ends), or
+//   rank-<N>/error.json            the rank's error record
+//   rank-<N>/tracking-spool.jsonl  what the rank's logger could not send (tracking)
+//
+// It is kept after a failure, removed after success unless asked to keep it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace sgpu::contract {
+
+struct RankFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path stdout_log() const { return dir / "stdout.log"; }
+  std::filesystem::path stderr_log() const { return dir / "stderr.log"; }
+  std::filesystem::path result() const { return dir / "result.bin"; }
+  std::filesystem::path error() const { return dir / "error.json"; }
+  std::filesystem::path tracking_spool() const { return dir / kTrackingSpoolName; }
+
+  static constexpr const char* kTrackingSpoolName = "tracking-spool.jsonl";
+};
+
+struct RunFolder {
+  std::filesystem::path dir;
+
+  std::filesystem::path call() const { return dir / "call.bin"; }
+  std::filesystem::path tracking_pending() const { return dir / kTrackingPendingName; }
+  RankFolder rank(int rank) const { return {dir / (kRankPrefix + std::to_string(rank))}; }
+  // True for the name of a rank's folder ("rank-3").
+  static bool is_rank_folder_name(const std::string& name) {
+    return name.rfind(kRankPrefix, 0) == 0 && name.size() > std::string(kRankPrefix).size();
+  }
+
+  static constexpr const char* kRankPrefix = "rank-";
+  static constexpr const char* kTrackingPendingName = "tracking-pending.json";
+};
+
+}  // namespace sgpu::contract

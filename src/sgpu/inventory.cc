@@ -1,0 +1,15 @@
+#include "sgpu/inventory.h"
+
+#include "backend/backend_table.h"
+
+namespace sgpu {
+
+std::vector<BackendInventory> inventories(const Options& options) {
+  std::vector<BackendInventory> all;
+  for (const auto& entry : backend::backend_table()) {
+    all.push_back({std::string(entry.name), backend::find_backend(entry.name).inventory(options)});
+  }
+  return all;
+}
+
+}  // namespace sgpu

@@ -1,0 +1,142 @@
+// The contracts modules share: the rank environment round-trips through the variables
+// the launcher sets, files are replaced whole, and the run folder's names are the ones
+// every module uses.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <system_error>
+
+#include "contract/atomic_file.h"
+#include "contract/rank_env.h"
+#include "contract/run_folder.h"
+#include "support/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using sgpu::contract::RankEnvironment;
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+RC_GTEST_PROP(RankEnvironment, WhatTheLauncherSetsIsWhatTheRankReads, ()) {
+  RankEnvironment written;
+  written.world_size = *rc::gen::inRange(1, 1025);
+  written.rank = *rc::gen::inRange(0, written.world_size);
+  written.local_world_size = *rc::gen::inRange(1, 9);
+  written.local_rank = written.rank % written.local_world_size;
+  written.node_rank = written.rank / written.local_world_size;
+  written.master_addr = *rc::gen::element<std::string>("127.0.0.1", "::1", "node-0");
+  written.master_port = *rc::gen::inRange(1, 65536);
+  written.role = *rc::gen::element<std::string>("rank", "program");
+  written.call_file = "/runs/" + std::to_string(*rc::gen::inRange(0, 1000)) + "/call.bin";
+  written.rank_dir = "/runs/x/rank-" + std::to_string(written.rank);
+  written.device_index = *rc::gen::inRange(0, 8);
+  written.backend = *rc::gen::element<std::string>("sim", "cuda");
+  written.parent_pid = *rc::gen::inRange(1, 1 << 22);
+  written.lifeline_fd = *rc::gen::inRange(3, 10);
+  written.group_timeout = std::chrono::milliseconds(*rc::gen::inRange(1, 1 << 30));
+  const auto variables = written.variables();
+  for (const auto& [name, value] : variables) ::setenv(name.c_str(), value.c_str(), 1);
+  const RankEnvironment read = sgpu::contract::read_rank_environment();
+  for (const auto& [name, value] : variables) ::unsetenv(name.c_str());
+  RC_ASSERT(read.variables() == variables);
+  RC_ASSERT(read.group_timeout == written.group_timeout);
+  RC_ASSERT(read.rank_dir == written.rank_dir);
+}
+
+TEST(RankEnvironment, TorchrunsNamesCarryTheRanksPlace) {
+  RankEnvironment env;
+  env.rank = 5;
+  env.local_rank = 1;
+  env.world_size = 8;
+  env.local_world_size = 4;
+  env.node_rank = 1;
+  std::map<std::string, std::string> vars;
+  for (const auto& [name, value] : env.variables()) vars[name] = value;
+  EXPECT_EQ(vars["RANK"], "5");
+  EXPECT_EQ(vars["LOCAL_RANK"], "1");
+  EXPECT_EQ(vars["ROLE_RANK"], "5");
+  EXPECT_EQ(vars["GROUP_RANK"], "1");
+  EXPECT_EQ(vars["NODE_RANK"], "1");
+  EXPECT_EQ(vars["WORLD_SIZE"], "8");
+  EXPECT_EQ(vars["LOCAL_WORLD_SIZE"], "4");
+}
+
+TEST(RankEnvironment, UnsetVariablesKeepTheDefaults) {
+  for (const auto& [name, value] : RankEnvironment{}.variables()) ::unsetenv(name.c_str());
+  const RankEnvironment read = sgpu::contract::read_rank_environment();
+  EXPECT_EQ(read.rank, 0);
+  EXPECT_EQ(read.world_size, 1);
+  EXPECT_EQ(read.group_timeout, std::chrono::minutes(30));
+  EXPECT_TRUE(read.rank_dir.empty());
+}
+
+TEST(AtomicFile, ReplacesTheContentWholeAndLeavesNothingBeside) {
+  const fs::path dir = sgpu::testing::make_temp_dir("sgpu-contract");
+  const fs::path path = dir / "result.bin";
+  for (auto durability :
+       {sgpu::contract::Durability::kAtomic, sgpu::contract::Durability::kSynced}) {
+    sgpu::contract::write_file_atomically(path, "first", {.durability = durability});
+    std::string seen_before_rename;
+    sgpu::contract::write_file_atomically(
+        path, std::string(100000, 'x'),
+        {.durability = durability, .mode = 0600, .before_rename = [&] {
+           seen_before_rename = read(path);
+         }});
+    EXPECT_EQ(seen_before_rename, "first");  // readers see the old content until the rename
+    EXPECT_EQ(read(path), std::string(100000, 'x'));
+    EXPECT_EQ(names_in(dir), std::vector<std::string>{"result.bin"});
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(AtomicFile, AFailureNamesThePathAndLeavesNothing) {
+  const fs::path dir = sgpu::testing::make_temp_dir("sgpu-contract");
+  try {
+    sgpu::contract::write_file_atomically(dir / "missing" / "x.json", "{}");
+    FAIL() << "a write into a missing folder succeeded";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "missing").string()), std::string::npos)
+        << e.what();
+  }
+  fs::create_directory(dir / "sub");
+  // A rename onto a folder fails after the content was written: the sibling goes too.
+  EXPECT_THROW(sgpu::contract::write_file_atomically(dir / "sub", "text"), std::system_error);
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"sub"});
+  EXPECT_TRUE(fs::is_empty(dir / "sub"));
+  fs::remove_all(dir);
+}
+
+TEST(RunFolder, NamesAreTheDocumentedLayout) {
+  const sgpu::contract::RunFolder run{"/runs/abc"};
+  EXPECT_EQ(run.call(), "/runs/abc/call.bin");
+  EXPECT_EQ(run.tracking_pending(), "/runs/abc/tracking-pending.json");
+  const auto rank = run.rank(3);
+  EXPECT_EQ(rank.dir, "/runs/abc/rank-3");
+  EXPECT_EQ(rank.result(), "/runs/abc/rank-3/result.bin");
+  EXPECT_EQ(rank.error(), "/runs/abc/rank-3/error.json");
+  EXPECT_EQ(rank.stdout_log(), "/runs/abc/rank-3/stdout.log");
+  EXPECT_EQ(rank.stderr_log(), "/runs/abc/rank-3/stderr.log");
+  EXPECT_EQ(rank.tracking_spool(), "/runs/abc/rank-3/tracking-spool.jsonl");
+  EXPECT_TRUE(sgpu::contract::RunFolder::is_rank_folder_name("rank-12"));
+  EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("rank-"));
+  EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("call.bin"));
+}
+
+}  // namespace
