@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# ci/check-architecture on a copy of the tree: the tree as it is passes; each include the
+# module table forbids, added to the copy, fails the check with its file and line.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+check=$top/ci/check-architecture
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fresh_copy() {
+  rm -rf "$work/tree"
+  mkdir -p "$work/tree"
+  (cd "$top" && git ls-files --cached --others --exclude-standard -- '*.h' '*.cc' '*.in' docs/architecture.md |
+     while read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$work/tree")
+}
+expect() {  # expect STATUS PATTERN: run the check on the copy
+  local want=$1 pattern=$2 output status
+  output=$("$check" --root "$work/tree" 2>&1)
+  status=$?
+  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$output"; then
+    echo "FAIL: ${what}: exited $status (want $want), output lacks /$pattern/:"
+    echo "$output"
+    failures=$((failures + 1))
+  else
+    echo "ok: $what"
+  fi
+}
+mutate() {  # mutate FILE LINE: append LINE to FILE in a fresh copy
+  fresh_copy
+  echo "$2" >>"$work/tree/$1"
+  lines=$(wc -l <"$work/tree/$1")
+}
+
+what="the tree as it is"
+fresh_copy
+expect 0 'every include allowed'
+
+what="the launcher including the simulated backend"
+mutate src/launcher/process.cc '#include "sim/sim_backend.h"'
+expect 1 "^src/launcher/process.cc:$lines: launcher may not include sim/sim_backend.h \(sim\)"
+
+what="a public header including the launcher"
+mutate src/sgpu/options.h '#include "launcher/program.h"'
+expect 1 "^src/sgpu/options.h:$lines: public header includes src/launcher/program.h"
+
+what="the backend interface including libtorch"
+mutate src/backend/backend.h '#include <torch/csrc/distributed/c10d/Backend.hpp>'
+expect 1 "^src/backend/backend.h:$lines: backend may not include torch/.* \(libtorch\)"
+
+what="tracking including the launcher"
+mutate src/tracking/store.cc '#include "launcher/program.h"'
+expect 1 "^src/tracking/store.cc:$lines: tracking may not include"
+
+what="an example including an internal header"
+mutate examples/hello_world.cc '#include "backend/backend_table.h"'
+expect 1 "^examples/hello_world.cc:$lines: examples may not include"
+
+what="a file in a folder the table does not name"
+fresh_copy
+mkdir -p "$work/tree/src/unlisted"
+echo 'int x;' >"$work/tree/src/unlisted/x.cc"
+expect 1 '^src/unlisted/x.cc:1: in no module'
+
+what="an include that names no file of the tree"
+mutate src/launcher/process.cc '#include "launcher/no_such_header.h"'
+expect 1 "^src/launcher/process.cc:$lines: \"launcher/no_such_header.h\" is no file of the tree"
+
+if ((failures)); then
+  echo "architecture_check_test: $failures failed"
+  exit 1
+fi
+echo "architecture_check_test: all passed"
