@@ -1,5 +1,7 @@
 // Steps 1-12 of a call (see docs/architecture.md): check, select devices, stage, host the
 // store, start ranks, monitor them, tear down, gather.
+#include "launcher/launcher.h"
+
 #include <cxxabi.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,9 +38,9 @@
 
 extern char** environ;
 
-namespace sgpu {
+namespace sgpu::launcher {
 
-std::filesystem::path runs_dir_of(const Options& options) {
+std::filesystem::path runs_dir(const Options& options) {
   if (!options.runs_dir.empty()) return options.runs_dir;
   if (const char* env = std::getenv("SGPU_RUNS_DIR"); env != nullptr && *env != '\0') return env;
   const char* tmp = std::getenv("TMPDIR");
@@ -46,9 +48,6 @@ std::filesystem::path runs_dir_of(const Options& options) {
          ("sgpu-" + std::to_string(::getuid())) / "runs";
 }
 
-}  // namespace sgpu
-
-namespace sgpu::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -88,7 +87,7 @@ void check_options(const Options& options, bool runs_a_program) {
 
 std::filesystem::path make_run_dir(const Options& options) {
   static std::atomic<unsigned> counter{0};
-  const std::filesystem::path root = runs_dir_of(options);
+  const std::filesystem::path root = runs_dir(options);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) throw ConfigError("cannot create the runs folder " + root.string() + ": " + ec.message());
@@ -563,15 +562,8 @@ class CallImpl final : public detail::Call {
   std::exception_ptr error_;
 };
 
-}  // namespace
-}  // namespace sgpu::launcher
-
-namespace sgpu::detail {
-
-namespace {
-
-std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record,
-                            std::vector<std::string> command) {
+std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecord record,
+                                    std::vector<std::string> command) {
   const bool runs_a_program = !command.empty();
   launcher::check_options(options, runs_a_program);
   // The fork server forks this binary; a program's ranks are other binaries.
@@ -590,27 +582,32 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
   }
   record.max_payload_bytes = options.max_payload_bytes;
   // 4. tracking: the call's run exists before any rank starts.
-  tracking::CallFacts facts;
-  facts.backend = std::string(chosen.name());
-  facts.gpu_type = selection.gpu_type;
-  facts.program = runs_a_program;
-  facts.run_name = options.name;
+  tracking::CallRunRequest run_request;
+  run_request.tracking = options.tracking;
+  run_request.tracking_uri = options.tracking_uri;
+  run_request.experiment = options.experiment;
+  run_request.gpus = options.gpus;
+  run_request.timeout = options.timeout;
+  run_request.backend = std::string(chosen.name());
+  run_request.gpu_type = selection.gpu_type;
+  run_request.program = runs_a_program;
+  run_request.run_name = options.name;
   if (runs_a_program) {
     for (const std::string& word : command) {
-      facts.function_name += (facts.function_name.empty() ? "" : " ") + word;
+      run_request.function_name += (run_request.function_name.empty() ? "" : " ") + word;
     }
   } else if (!record.function_name.empty()) {
-    facts.function_name = record.function_name;
+    run_request.function_name = record.function_name;
   } else {
     // A function without a symbol (static, or in an anonymous namespace): its type.
     int status = 0;
     std::unique_ptr<char, void (*)(void*)> type(
         abi::__cxa_demangle(record.signature.c_str(), nullptr, nullptr, &status), std::free);
-    facts.function_name =
+    run_request.function_name =
         "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
   }
-  facts.sim_node = inventory.sim_spec;
-  std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(options, facts);
+  run_request.sim_node = inventory.sim_spec;
+  std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(run_request);
   try {
     const std::filesystem::path run_dir = launcher::make_run_dir(options);
     if (!runs_a_program) {
@@ -630,13 +627,14 @@ std::shared_ptr<Call> start(const Options& options, serialize::CallRecord record
 
 }  // namespace
 
-std::shared_ptr<Call> start_call(const Options& options, serialize::CallRecord record) {
+std::shared_ptr<detail::Call> start_call(const Options& options, serialize::CallRecord record) {
   return start(options, std::move(record), {});
 }
 
-std::shared_ptr<Call> start_program(const Options& options, std::vector<std::string> command) {
+std::shared_ptr<detail::Call> start_program(const Options& options,
+                                            std::vector<std::string> command) {
   if (command.empty()) throw ConfigError("no program to run");
   return start(options, serialize::CallRecord{}, std::move(command));
 }
 
-}  // namespace sgpu::detail
+}  // namespace sgpu::launcher

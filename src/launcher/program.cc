@@ -102,8 +102,3 @@ std::string code_name(const void* address) {
 }
 
 }  // namespace sgpu::launcher
-
-namespace sgpu::detail {
-serialize::CodeAddress locate_code(const void* address) { return launcher::locate_code(address); }
-std::string code_name(const void* address) { return launcher::code_name(address); }
-}  // namespace sgpu::detail

@@ -30,7 +30,7 @@ std::string program_path() {
   return ec ? "" : path.string();
 }
 
-std::string timeout_text(const Timeout& timeout) {
+std::string timeout_text(const std::optional<std::chrono::milliseconds>& timeout) {
   if (!timeout) return "none";
   return std::to_string(timeout->count()) + "ms";
 }
@@ -94,25 +94,26 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
   }
 }
 
-std::unique_ptr<CallRun> CallRun::begin(const Options& options, const CallFacts& facts) {
-  if (!options.tracking || !tracking_enabled_by_environment()) return nullptr;
+std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
+  if (!request.tracking || !tracking_enabled_by_environment()) return nullptr;
   std::vector<Tag> tags;
-  if (!facts.sim_node.empty()) tags.push_back({"sgpu.sim_node", facts.sim_node});
+  if (!request.sim_node.empty()) tags.push_back({"sgpu.sim_node", request.sim_node});
   Batch params;
   params.params = {
-      {"gpus", std::to_string(options.gpus)},
-      {"gpu_type", facts.gpu_type},
-      {"backend", facts.backend},
-      {"world_size", std::to_string(options.gpus)},
-      {"timeout", timeout_text(options.timeout)},
-      {facts.program ? "command" : "function",
-       truncate_value(facts.function_name, kMaxParamValueLength)},
+      {"gpus", std::to_string(request.gpus)},
+      {"gpu_type", request.gpu_type},
+      {"backend", request.backend},
+      {"world_size", std::to_string(request.gpus)},
+      {"timeout", timeout_text(request.timeout)},
+      {request.program ? "command" : "function",
+       truncate_value(request.function_name, kMaxParamValueLength)},
   };
-  std::optional<OpenedRun> opened = open_run(options.tracking_uri, options.experiment,
-                                             !facts.run_name.empty()       ? facts.run_name
-                                             : facts.function_name.empty() ? "sgpu call"
-                                                                           : facts.function_name,
-                                             tags, params);
+  std::optional<OpenedRun> opened =
+      open_run(request.tracking_uri, request.experiment,
+               !request.run_name.empty()       ? request.run_name
+               : request.function_name.empty() ? "sgpu call"
+                                               : request.function_name,
+               tags, params);
   if (!opened) return nullptr;
   return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
 }

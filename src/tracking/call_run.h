@@ -1,8 +1,8 @@
 // The run of one distributed call: created before the ranks start, ended after they are
 // gone.
 //
-// begin() picks the store (Options::tracking_uri, else MLFLOW_TRACKING_URI, else
-// ./mlruns), the experiment (Options::experiment, else MLFLOW_EXPERIMENT_NAME, else
+// begin() picks the store (the request's tracking_uri, else MLFLOW_TRACKING_URI, else
+// ./mlruns), the experiment (the request's experiment, else MLFLOW_EXPERIMENT_NAME, else
 // MLFLOW_EXPERIMENT_ID, else the parent run's, else Default; a named one is created when
 // missing) and the parent (the innermost sgpu::tracking::Run, else MLFLOW_RUN_ID in the
 // caller's environment), records the call's params and tags and prints the run's link.
@@ -12,6 +12,7 @@
 // pending in its run folder (tracking/pending.h, NOTE [Pending runs]).
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -19,27 +20,33 @@
 #include <utility>
 #include <vector>
 
-#include "sgpu/options.h"
 #include "tracking/run_model.h"
 #include "tracking/store.h"
 
 namespace sgpu::tracking {
 
-struct CallFacts {
+// What the launcher tells tracking about a call: the options that concern its run and
+// the facts the launcher found out.
+struct CallRunRequest {
+  bool tracking = true;      // Options::tracking
+  std::string tracking_uri;  // Options::tracking_uri; empty: MLFLOW_TRACKING_URI, ./mlruns
+  std::string experiment;    // Options::experiment; empty: from the environment
+  std::string run_name;      // Options::name; empty: the function's name
+  int gpus = 1;
+  std::optional<std::chrono::milliseconds> timeout;  // none: no timeout
   std::string function_name;
   std::string backend;
   std::string gpu_type;
   std::string sim_node;  // empty off sim
   bool program = false;  // `sgpu run`: the function is a command
-  std::string run_name;  // Options::name; empty: the function's name
 };
 
 class CallRun {
  public:
-  // nullptr when tracking is off (Options::tracking false, or SGPU_TRACKING=off) or the
+  // nullptr when tracking is off (request.tracking false, or SGPU_TRACKING=off) or the
   // store cannot be reached. Throws TrackingError for a URI or experiment id that can
   // never work.
-  static std::unique_ptr<CallRun> begin(const Options& options, const CallFacts& facts);
+  static std::unique_ptr<CallRun> begin(const CallRunRequest& request);
 
   // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks.
   std::vector<std::pair<std::string, std::string>> rank_environment() const;
