@@ -297,14 +297,43 @@ class CallImpl final : public detail::Call {
     return slot.exit->exit_code == 0 && std::filesystem::exists(slot.folder.result());
   }
 
+  // NOTE [The monitor's phases]
+  // A call's monitor loop moves through these phases in order, skipping the ones it does
+  // not need; `phase_` is the one it is in and `phase_until_` when that phase's wait ends.
+  //   kRunning      the ranks run and their output streams. The first failure of a rank of
+  //                 its own, the deadline, cancel() or a signal decides the Outcome and
+  //                 sends SIGTERM to every live rank's group: kTerminating.
+  //   kTerminating  until teardown_grace has passed; then SIGKILL to what is left: kKilling.
+  //   kKilling      until the kernel reports the last exit.
+  //   kDraining     every rank has exited, in whatever phase (a call that succeeds comes
+  //                 straight from kRunning): every group gets SIGKILL once, since what the
+  //                 ranks started may still hold their output open, and output is read
+  //                 until it closes or kDrainLimit has passed: kDone.
+  enum class Phase { kRunning, kTerminating, kKilling, kDraining, kDone };
+
+  void enter(Phase phase, Clock::time_point until = Clock::time_point::max()) {
+    phase_ = phase;
+    phase_until_ = until;
+  }
+
   void begin_teardown(Clock::time_point now) {
-    if (tearing_down_) return;
-    tearing_down_ = true;
+    if (phase_ != Phase::kRunning) return;
     teardown_began_ = WallClock::now();
-    kill_at_ = now + options_.teardown_grace;
+    enter(Phase::kTerminating, now + options_.teardown_grace);
     for (RankSlot& slot : slots_) {
       if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGTERM);
     }
+  }
+
+  bool all_ranks_exited() const {
+    return std::all_of(slots_.begin(), slots_.end(),
+                       [](const RankSlot& s) { return s.pid == 0 || s.exit.has_value(); });
+  }
+
+  bool output_open() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
+      return (s.out && s.out->open()) || (s.err && s.err->open());
+    });
   }
 
   void monitor() {
@@ -319,31 +348,21 @@ class CallImpl final : public detail::Call {
       start_error = e.what();
       begin_teardown(Clock::now());
     }
-    const Clock::time_point started = Clock::now();
     const Clock::time_point deadline =
-        options_.timeout ? started + *options_.timeout : Clock::time_point::max();
-    std::optional<Clock::time_point> drain_until;
-    bool swept = false;
-
+        options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
     while (true) {
-      const bool all_exited = std::all_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
-        return s.pid == 0 || s.exit.has_value();
-      });
-      const bool streams_open = std::any_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
-        return (s.out && s.out->open()) || (s.err && s.err->open());
-      });
-      if (all_exited && outcome == Outcome::kRunning) outcome = Outcome::kSucceeded;
-      if (all_exited && !streams_open) break;
       Clock::time_point now = Clock::now();
-      if (all_exited && !swept) {
-        // Whatever the ranks started may still hold their output open; end it.
+      if (phase_ < Phase::kDraining && all_ranks_exited()) {
+        if (outcome == Outcome::kRunning) outcome = Outcome::kSucceeded;
         for (RankSlot& slot : slots_) {
           if (slot.pid > 0) signal_group(slot.pid, SIGKILL);
         }
-        swept = true;
-        drain_until = now + kDrainLimit;
+        enter(Phase::kDraining, now + kDrainLimit);
       }
-      if (drain_until && now >= *drain_until) break;
+      if (phase_ == Phase::kDraining && (!output_open() || now >= phase_until_)) {
+        enter(Phase::kDone);
+        break;
+      }
 
       std::vector<pollfd> fds;
       fds.push_back({cancel_fd_.get(), POLLIN, 0});
@@ -353,10 +372,7 @@ class CallImpl final : public detail::Call {
         if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
       }
       starter_->add_poll_fds(fds);
-      Clock::time_point wake = Clock::time_point::max();
-      if (!tearing_down_) wake = deadline;
-      if (tearing_down_ && !killed_) wake = kill_at_;
-      if (drain_until) wake = std::min(wake, *drain_until);
+      const Clock::time_point wake = phase_ == Phase::kRunning ? deadline : phase_until_;
       int timeout_ms = -1;
       if (wake != Clock::time_point::max()) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
@@ -374,32 +390,33 @@ class CallImpl final : public detail::Call {
         if (slot == nullptr || slot->exit) continue;
         slot->exit = exit.status;
         slot->exit_time = WallClock::now();
-        slot->exited_in_teardown = tearing_down_;
-        if (!tearing_down_ && !exited_ok(*slot)) {
+        slot->exited_in_teardown = teardown_began_.has_value();
+        if (phase_ == Phase::kRunning && !exited_ok(*slot)) {
           outcome = Outcome::kRankFailed;
           begin_teardown(now);
         }
       }
-      if (!tearing_down_ && (fds[0].revents & POLLIN)) {
+      if (phase_ == Phase::kRunning && (fds[0].revents & POLLIN)) {
         outcome = Outcome::kCancelled;
         cancel_reason = "cancelled";
         begin_teardown(now);
       }
-      if (!tearing_down_ && (fds[1].revents & POLLIN) && InterruptScope::pending_signal() != 0) {
+      if (phase_ == Phase::kRunning && (fds[1].revents & POLLIN) &&
+          InterruptScope::pending_signal() != 0) {
         outcome = Outcome::kCancelled;
         cancel_reason = "interrupted by " + signal_name(InterruptScope::pending_signal());
         begin_teardown(now);
       }
-      if (!tearing_down_ && now >= deadline) {
+      if (phase_ == Phase::kRunning && now >= deadline) {
         outcome = Outcome::kTimedOut;
         for (RankSlot& slot : slots_) slot.timed_out = !slot.exit.has_value();
         begin_teardown(now);
       }
-      if (tearing_down_ && !killed_ && now >= kill_at_) {
+      if (phase_ == Phase::kTerminating && now >= phase_until_) {
         for (RankSlot& slot : slots_) {
           if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGKILL);
         }
-        killed_ = true;
+        enter(Phase::kKilling);
       }
     }
     // Final sweep: every group (grandchildren included) is gone before the zombies are
@@ -448,7 +465,7 @@ class CallImpl final : public detail::Call {
     // even when its exit was seen only after.
     const bool failed_before_teardown = record && slot.exit &&
                                         slot.exit->exit_code.value_or(0) != 0 &&
-                                        (!tearing_down_ || record->time < teardown_began_);
+                                        (!teardown_began_ || record->time < *teardown_began_);
     if (slot.timed_out) {
       row.kind = RankFailure::Kind::kTimedOut;
     } else if (!failed_before_teardown && (!slot.exit || slot.exited_in_teardown)) {
@@ -549,10 +566,9 @@ class CallImpl final : public detail::Call {
   std::unique_ptr<RankStarter> starter_;
   std::unique_ptr<rendezvous::HostStore> store_;
   std::vector<RankSlot> slots_;
-  bool tearing_down_ = false;
-  bool killed_ = false;
-  WallClock::time_point teardown_began_;
-  Clock::time_point kill_at_;
+  Phase phase_ = Phase::kRunning;  // NOTE [The monitor's phases]
+  Clock::time_point phase_until_ = Clock::time_point::max();
+  std::optional<WallClock::time_point> teardown_began_;
   std::thread thread_;
 
   std::mutex mutex_;
