@@ -270,6 +270,62 @@ TEST(Checkpoint, FsdpOnFourRanksLoadsAtAnyWorldSizeAndStrategyAndResumesTraining
   EXPECT_EQ(train_one_process(dir, 0, 0), reference.saved);
 }
 
+// A strategy sgpu::checkpoint has never heard of: rank r keeps its share of the
+// concatenated parameters as one flat tensor, and hands it over as sharded state.
+bool save_and_reload_flat_shares(std::string dir) {
+  const int rank = sgpu::global_rank(), world = sgpu::world_size();
+  auto model = make_model();
+  sgpu::parallel::FlatShard share;
+  std::vector<at::Tensor> flats;
+  std::int64_t total = 0;
+  for (const auto& item : model->named_parameters()) {
+    share.layout.push_back({item.key(), item.value().sizes().vec(), total, item.value().numel()});
+    flats.push_back(item.value().detach().reshape(-1));
+    total += item.value().numel();
+  }
+  const std::int64_t per = (total + world - 1) / world;
+  share.offset = std::min<std::int64_t>(total, rank * per);
+  share.data = at::cat(flats).narrow(0, share.offset, std::min(per, total - share.offset)).clone();
+  const sgpu::parallel::ShardedState state{"flat-shares", {share}, nullptr, {}};
+  save(dir, state);
+  const at::Tensor saved = share.data.clone();
+  share.data.fill_(-1);
+  load(CheckpointReader(dir), state);
+  return at::equal(share.data, saved);
+}
+
+TEST(Checkpoint, AStrategyCheckpointsDoNotKnowSavesAndLoadsThroughShardedState) {
+  SGPU_REQUIRE_RANKS(2);
+  const fs::path dir = temp_dir("flat-shares");
+  EXPECT_EQ(sgpu::distributed(save_and_reload_flat_shares, sgpu::testing::on_test_backend(2))
+                .distributed(dir.string()),
+            (std::vector<bool>{true, true}));
+  EXPECT_EQ(CheckpointReader(dir).strategy(), "flat-shares");
+  EXPECT_EQ(read_all(dir), values_of(*make_model())) << "the shares make the whole model";
+}
+
+std::string save_zero_with_another_module(std::string dir) {
+  auto model = make_rank_model();
+  sgpu::parallel::ZeroOptimizer zero(model->parameters(), zero_config(1));
+  try {
+    save(dir, *make_rank_model(), zero);
+  } catch (const sgpu::ConfigError& e) {
+    return e.what();
+  }
+  return "saved";
+}
+
+TEST(Checkpoint, ZeroRefusesAModuleWhoseParametersItWasNotBuiltFrom) {
+  SGPU_REQUIRE_RANKS(1);
+  const std::string message =
+      sgpu::distributed(save_zero_with_another_module, sgpu::testing::on_test_backend(1))
+          .distributed(temp_dir("zero-other").string())
+          .front();
+  EXPECT_NE(message.find("'0.weight' (number 1) is not the one this optimizer was built from"),
+            std::string::npos)
+      << message;
+}
+
 TEST(Checkpoint, ZeroAndDdpCheckpointsLoadIntoFsdp) {
   SGPU_REQUIRE_RANKS(3);
   for (const std::string strategy : {"zero", "ddp"}) {

@@ -5,6 +5,10 @@
 //   sgpu::checkpoint::CheckpointReader reader(dir);          // any process, any rank count
 //   sgpu::checkpoint::load(reader, other_fsdp, &optimizer);  // or load(reader, *module, ...)
 //
+// Strategies hand their state over as sharded pieces (NOTE [Sharded state]); the files:
+// manifest.* (the typed manifest), writer.cc (save), reader.cc (CheckpointReader, load),
+// optimizer_state.cc (the optimizer states it knows).
+//
 // A checkpoint directory holds:
 //   model-RRRRR-of-NNNNN.safetensors      per writing rank: model tensors ("format": "pt")
 //   optimizer-RRRRR-of-NNNNN.safetensors  per writing rank: optimizer state
@@ -40,9 +44,11 @@
 #include <string>
 #include <vector>
 
+#include "sgpu/checkpoint/manifest.h"
 #include "sgpu/checkpoint/safetensors.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/group.h"
+#include "sgpu/parallel/sharded_state.h"
 #include "sgpu/parallel/zero.h"
 
 namespace sgpu::checkpoint {
@@ -52,9 +58,6 @@ class IncompleteCheckpointError : public CheckpointError {
  public:
   using CheckpointError::CheckpointError;
 };
-
-inline constexpr const char* kManifestName = "sgpu-checkpoint.json";
-inline constexpr const char* kIndexName = "model.safetensors.index.json";
 
 struct SaveOptions {
   // The ranks that save together; null inside a rank means sgpu's default group, and
@@ -81,17 +84,19 @@ void save_pieces(const std::filesystem::path& dir, const std::vector<Piece>& mod
                  const std::vector<Piece>& optimizer, const std::string& strategy, bool sharded,
                  const SaveOptions& options = {});
 
+// Any strategy's state (NOTE [Sharded state] in sgpu/parallel/sharded_state.h): every
+// rank of the group calls it; each writes its shards, rank 0 alone the replicated ones.
+void save(const std::filesystem::path& dir, const parallel::ShardedState& state,
+          const SaveOptions& options = {});
+
 // One process, or DDP (every rank calls; rank 0 writes).
 void save(const std::filesystem::path& dir, const torch::nn::Module& module,
           torch::optim::Optimizer* optimizer, const SaveOptions& options = {});
 // FSDP: every rank writes its shards of parameters and optimizer state.
-void save_fsdp(const std::filesystem::path& dir, const std::vector<parallel::UnitShard>& shards,
-               const torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-               const SaveOptions& options = {});
 template <class M>
 void save(const std::filesystem::path& dir, parallel::FullyShardedDataParallel<M>& fsdp,
           torch::optim::Optimizer* optimizer, const SaveOptions& options = {}) {
-  save_fsdp(dir, fsdp.shards(), *fsdp.module(), optimizer, options);
+  save(dir, fsdp.sharded_state(optimizer), options);
 }
 // ZeRO 1/2: rank 0 writes the (replicated) model; every rank its optimizer partition.
 // `module` holds the parameters the ZeroOptimizer was built from, in the same order.
@@ -101,21 +106,6 @@ void save(const std::filesystem::path& dir, const torch::nn::Module& module,
 // Whether `dir` holds a complete checkpoint (its manifest).
 bool is_complete(const std::filesystem::path& dir);
 
-// One tensor as the manifest describes it.
-struct TensorRecord {
-  Dtype dtype = Dtype::kF32;
-  std::vector<std::int64_t> shape;
-  struct PieceRecord {
-    std::string file;
-    std::string key;
-    std::int64_t offset = 0;
-    std::int64_t numel = 0;
-    std::uint32_t crc32 = 0;
-  };
-  std::vector<PieceRecord> pieces;  // by offset; together they cover every element once
-  std::int64_t numel() const;
-};
-
 // Reads a complete checkpoint. Every tensor read is checked against the manifest (file
 // present, header valid, dtype and shape as recorded, CRC-32); every failure is a
 // CheckpointError naming the file and the tensor.
@@ -124,10 +114,11 @@ class CheckpointReader {
   explicit CheckpointReader(std::filesystem::path dir);
   ~CheckpointReader();
 
-  int world_size() const { return world_size_; }
-  const std::string& strategy() const { return strategy_; }
-  const std::map<std::string, TensorRecord>& tensors() const { return tensors_; }
-  bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
+  const Manifest& manifest() const { return manifest_; }
+  int world_size() const { return manifest_.world_size; }
+  const std::string& strategy() const { return manifest_.strategy; }
+  const std::map<std::string, TensorRecord>& tensors() const { return manifest_.tensors; }
+  bool contains(const std::string& name) const { return manifest_.tensors.count(name) > 0; }
   // The whole tensor, reassembled from its pieces.
   at::Tensor read(const std::string& name) const;
   // Elements [offset, offset + numel) of the flattened tensor, from the pieces that hold
@@ -149,24 +140,24 @@ class CheckpointReader {
   const SafetensorsReader& open(const std::string& file) const;
 
   std::filesystem::path dir_;
-  int world_size_ = 0;
-  std::string strategy_;
-  std::map<std::string, TensorRecord> tensors_;
-  std::map<std::string, std::uint64_t> file_sizes_;
+  Manifest manifest_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
 };
+
+// Any strategy's state, whatever strategy and world size saved the checkpoint: each
+// shard is filled from the pieces it overlaps (its padding is zeroed), and the
+// optimizer's state restored for each of its parameters.
+void load(const CheckpointReader& reader, const parallel::ShardedState& state);
 
 // One process or DDP: every parameter and buffer of `module` (and the optimizer's state,
 // when given) from the checkpoint, whatever strategy and world size saved it.
 void load(const CheckpointReader& reader, torch::nn::Module& module,
           torch::optim::Optimizer* optimizer = nullptr);
 // FSDP: each rank reads only the slices of its shards.
-void load_fsdp(const CheckpointReader& reader, const std::vector<parallel::UnitShard>& shards,
-               torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
 template <class M>
 void load(const CheckpointReader& reader, parallel::FullyShardedDataParallel<M>& fsdp,
           torch::optim::Optimizer* optimizer = nullptr) {
-  load_fsdp(reader, fsdp.shards(), *fsdp.module(), optimizer);
+  load(reader, fsdp.sharded_state(optimizer));
 }
 // ZeRO: the whole model, and the optimizer state of the rank's partition.
 void load(const CheckpointReader& reader, torch::nn::Module& module, parallel::ZeroOptimizer& zero);

@@ -233,6 +233,21 @@ std::vector<at::Tensor> FsdpEngine::parameters() const {
   return out;
 }
 
+ShardedState FsdpEngine::sharded_state(const torch::nn::Module& root,
+                                       torch::optim::Optimizer* optimizer) {
+  ShardedState state;
+  state.strategy = "fsdp";
+  state.optimizer = optimizer;
+  for (const auto& unit : units_) {
+    state.model.push_back({unit.params, unit.shard_offset, unit.data, false});
+  }
+  if (optimizer != nullptr) state.optimized = state.model;
+  for (const auto& item : root.named_buffers()) {
+    state.model.push_back(whole_tensor(item.key(), item.value(), true));
+  }
+  return state;
+}
+
 StateDict FsdpEngine::full_state_dict(bool rank0_only) {
   const bool keep = !rank0_only || group_->getRank() == 0;
   StateDict out;

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "sgpu/parallel/group.h"
+#include "sgpu/parallel/sharded_state.h"
 
 namespace sgpu::parallel {
 
@@ -45,16 +46,9 @@ struct FsdpOptions {
   bool sync_module_states = true;  // broadcast rank 0's parameters and buffers first
 };
 
-// One parameter inside a unit's flat buffer.
-struct FlatParamInfo {
-  std::string name;  // as in the wrapped module's named_parameters()
-  std::vector<std::int64_t> shape;
-  std::int64_t offset = 0;  // in elements, in the unit's unsharded flat buffer
-  std::int64_t numel = 0;
-};
-
 // What one rank holds of one unit: elements [shard_offset, shard_offset + data.numel())
-// of the unit's padded flat buffer.
+// of the unit's padded flat buffer, whose parameters are `params` (offsets in the
+// unit's unsharded flat buffer).
 struct UnitShard {
   std::vector<FlatParamInfo> params;
   std::int64_t flat_numel = 0;    // unpadded
@@ -91,6 +85,7 @@ class FsdpEngine {
 
   std::vector<at::Tensor> parameters() const;
   const std::vector<UnitShard>& shards() const { return units_; }
+  ShardedState sharded_state(const torch::nn::Module& root, torch::optim::Optimizer* optimizer);
   StateDict full_state_dict(bool rank0_only);
   void load_full_state_dict(const StateDict& state);
 
@@ -155,6 +150,11 @@ class FullyShardedDataParallel {
   // The rank's shards: what the optimizer updates.
   std::vector<at::Tensor> parameters() const { return engine_->parameters(); }
   const std::vector<UnitShard>& shards() const { return engine_->shards(); }
+  // For checkpoints (NOTE [Sharded state]): each unit's shard, sharded, and the module's
+  // buffers, replicated; `optimizer` (given the shards) is saved and restored with them.
+  ShardedState sharded_state(torch::optim::Optimizer* optimizer = nullptr) {
+    return engine_->sharded_state(*module_, optimizer);
+  }
   // Every parameter and buffer, unsharded, by name; on rank 0 only when rank0_only (other
   // ranks get an empty dict). Every rank must call it.
   StateDict full_state_dict(bool rank0_only = true) { return engine_->full_state_dict(rank0_only); }

@@ -211,6 +211,39 @@ ZeroOptimizer::ZeroOptimizer(std::vector<at::Tensor> params, ZeroConfig config,
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
+ShardedState ZeroOptimizer::sharded_state(const torch::nn::Module& module) {
+  ShardedState state;
+  state.strategy = "zero";
+  state.optimizer = optimizer_.get();
+  FlatShard partition{{}, partition_offset_, partition_, false};
+  std::size_t index = 0;
+  std::int64_t offset = 0;
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor& param = item.value();
+    if (index >= params_.size() || !param.is_same(params_[index])) {
+      throw ConfigError("sgpu ZeroOptimizer: the module's parameter '" + item.key() + "' (number " +
+                        std::to_string(index + 1) +
+                        ") is not the one this optimizer was built from; pass the module "
+                        "whose parameters() built it");
+    }
+    state.model.push_back(whole_tensor(item.key(), param, true));
+    partition.layout.push_back({item.key(), param.sizes().vec(), offset, param.numel()});
+    offset += param.numel();
+    ++index;
+  }
+  if (index != params_.size()) {
+    throw ConfigError("sgpu ZeroOptimizer: the module has " + std::to_string(index) +
+                      " parameters but this optimizer was built from " +
+                      std::to_string(params_.size()) +
+                      "; pass the module whose parameters() built it");
+  }
+  for (const auto& item : module.named_buffers()) {
+    state.model.push_back(whole_tensor(item.key(), item.value(), true));
+  }
+  state.optimized.push_back(std::move(partition));
+  return state;
+}
+
 void ZeroOptimizer::reduce_scatter_into_partition() {
   at::Tensor flat = take_grads_flat(params_, padded_numel_, partition_.options());
   at::Tensor mine = at::empty({partition_.numel()}, flat.options());

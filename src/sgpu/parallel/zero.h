@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "sgpu/parallel/group.h"
+#include "sgpu/parallel/sharded_state.h"
 
 namespace sgpu::parallel {
 
@@ -82,6 +83,11 @@ class ZeroOptimizer {
   const at::Tensor& partition() const { return partition_; }
   std::int64_t partition_offset() const { return partition_offset_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // For checkpoints (NOTE [Sharded state]): `module`'s parameters (those this optimizer was
+  // built from, in the same order) and buffers, replicated, and the rank's partition of
+  // them with the inner optimizer's state. Throws ConfigError when `module`'s parameters
+  // are not this optimizer's.
+  ShardedState sharded_state(const torch::nn::Module& module);
   const ZeroConfig& config() const { return config_; }
   std::int64_t micro_steps() const { return micro_steps_; }
   // The global gradient norm before clipping at the last step.
