@@ -4,6 +4,7 @@
 
 #include "backend/gpu_type.h"
 #include "backend/selection.h"
+#include "contract/front_end.h"
 #include "sgpu/errors.h"
 
 namespace sgpu {
@@ -34,30 +35,32 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
   if (inventory.gpus.empty()) {
     throw AcceleratorMismatchError(std::to_string(gpus) + " GPU(s) requested but backend \"" +
                                    std::string(backend_name) + "\" offers none (" +
-                                   inventory.unavailable_reason +
-                                   "). Run on a GPU node, or pass backend=\"sim\" to simulate one");
+                                   inventory.unavailable_reason + "). Run on a GPU node, or pass " +
+                                   contract::spell("backend", "sim") + " to simulate one");
   }
   if (!gpu_type.empty()) {
     const auto type = parse_gpu_type(gpu_type);
     if (!type) {
-      throw AcceleratorMismatchError(
-          "unknown gpu_type \"" + gpu_type + "\"; known types: " + known_gpu_types_text() +
-          ". This node has " + node + "; pass one of those, or leave gpu_type unset to detect it");
+      throw AcceleratorMismatchError("unknown gpu_type \"" + gpu_type +
+                                     "\"; known types: " + known_gpu_types_text() +
+                                     ". This node has " + node + "; pass one of those, or leave " +
+                                     contract::spell("gpu_type") + " unset to detect it");
     }
     for (const Gpu& gpu : inventory.gpus) {
       if (gpu.type == *type) selection.device_indices.push_back(gpu.index);
     }
     if (selection.device_indices.empty()) {
-      throw AcceleratorMismatchError("gpu_type \"" + *type + "\" requested but this node has " +
-                                     node + "; pass gpu_type=\"" + inventory.gpus.front().type +
-                                     "\" or leave it unset to auto-detect, or run on a node with " +
-                                     *type + " GPUs");
+      throw AcceleratorMismatchError(
+          "gpu_type \"" + *type + "\" requested but this node has " + node + "; pass " +
+          contract::spell("gpu_type", inventory.gpus.front().type) +
+          " or leave it unset to auto-detect, or run on a node with " + *type + " GPUs");
     }
     if (static_cast<int>(selection.device_indices.size()) < gpus) {
       throw AcceleratorMismatchError(
           std::to_string(gpus) + " x " + *type + " requested but this node has " + node +
           ", that is " + std::to_string(selection.device_indices.size()) + " x " + *type +
-          "; pass gpus=" + std::to_string(selection.device_indices.size()) + " or fewer");
+          "; pass " + contract::spell("gpus", std::to_string(selection.device_indices.size())) +
+          " or fewer");
     }
     selection.gpu_type = *type;
   } else {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "contract/front_end.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
 #include "tracking/pending.h"
@@ -125,6 +126,8 @@ int sync_tracking(const std::filesystem::path& runs_dir) {
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
+  // Advice in messages names this command's flags (NOTE [Front ends]).
+  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCommand);
   CLI::App app{"sgpu: run one program or function on every GPU of a node, real or simulated"};
   app.require_subcommand(1);
   app.footer(
@@ -238,6 +241,11 @@ int main(int argc, char** argv) {
     options.timeout = sgpu::parse_timeout(timeout);
   } catch (const std::exception&) {
     std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout << "\"\n";
+    return kUsageError;
+  }
+  if (options.timeout && options.timeout->count() <= 0) {
+    std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout
+              << "\"; give more than 0 seconds, or none for no deadline\n";
     return kUsageError;
   }
   if (!ranks.empty()) {

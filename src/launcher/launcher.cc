@@ -20,6 +20,7 @@
 
 #include "backend/backend_table.h"
 #include "backend/selection.h"
+#include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "launcher/failure_table.h"
@@ -58,18 +59,20 @@ constexpr auto kDrainLimit = std::chrono::seconds(1);
 
 void check_options(const Options& options, bool runs_a_program) {
   if (options.gpus < 1) {
-    throw ConfigError("gpus must be at least 1, got " + std::to_string(options.gpus));
+    throw ConfigError(contract::spell("gpus") + " must be at least 1, got " +
+                      std::to_string(options.gpus));
   }
   if (options.timeout && options.timeout->count() <= 0) {
-    throw ConfigError("timeout must be positive, got " + std::to_string(options.timeout->count()) +
-                      " ms; use sgpu::kNoTimeout for no deadline");
+    throw ConfigError(contract::spell("timeout") + " must be positive, got " +
+                      std::to_string(options.timeout->count()) + " ms; use " +
+                      contract::spell_no_timeout() + " for no deadline");
   }
   if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
   if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
   if (options.console_ranks) {
     for (int rank : *options.console_ranks) {
       if (rank < 0 || rank >= options.gpus) {
-        throw ConfigError("console_ranks names rank " + std::to_string(rank) +
+        throw ConfigError(contract::spell("console_ranks") + " names rank " + std::to_string(rank) +
                           " but the call has " + std::to_string(options.gpus) + " ranks (0 to " +
                           std::to_string(options.gpus - 1) + ")");
       }
@@ -83,6 +86,32 @@ void check_options(const Options& options, bool runs_a_program) {
   if (started_as_rank()) {
     throw ConfigError("sgpu::distributed was called inside a rank; nested calls are not supported");
   }
+}
+
+// A program as execvp would find it: a path with a '/', else the first match on PATH. A
+// ConfigError naming it, before anything starts, when there is none to run.
+void check_runnable(const std::string& program) {
+  const auto runnable = [](const std::filesystem::path& path) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (runnable(program)) return;
+    throw ConfigError(
+        "cannot run \"" + program + "\": " +
+        (std::filesystem::exists(program) ? "it is not an executable file" : "no such file"));
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string_view dir = dirs.substr(0, colon);
+    if (runnable(std::filesystem::path(dir.empty() ? "." : std::string(dir)) / program)) return;
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  throw ConfigError("cannot run \"" + program +
+                    "\": no executable of that name on PATH; give its path, or check the name");
 }
 
 std::filesystem::path make_run_dir(const Options& options) {
@@ -522,10 +551,10 @@ class CallImpl final : public detail::Call {
           if (row.kind != RankFailure::Kind::kTimedOut) continue;
           running += (running.empty() ? "" : ", ") + std::to_string(row.rank);
         }
-        const std::string headline = "sgpu: " + function_label() + " timed out after " +
-                                     std::to_string(options_.timeout->count()) +
-                                     " ms; ranks still running: " + running +
-                                     ". Raise Options::timeout, or pass sgpu::kNoTimeout";
+        const std::string headline =
+            "sgpu: " + function_label() + " timed out after " +
+            std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
+            ". Raise " + contract::spell("timeout") + ", or pass " + contract::spell_no_timeout();
         error = std::make_exception_ptr(
             TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_));
       } else if (outcome == Outcome::kCancelled) {
@@ -650,6 +679,7 @@ std::shared_ptr<detail::Call> start_call(const Options& options, serialize::Call
 std::shared_ptr<detail::Call> start_program(const Options& options,
                                             std::vector<std::string> command) {
   if (command.empty()) throw ConfigError("no program to run");
+  check_runnable(command.front());
   return start(options, serialize::CallRecord{}, std::move(command));
 }
 

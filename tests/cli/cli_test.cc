@@ -187,6 +187,52 @@ TEST(SgpuRun, BadFlagsExit2WithUsage) {
   EXPECT_EQ(r.status, 2) << r.output;
 }
 
+void expect_lacks(const std::string& text, const std::string& part) {
+  EXPECT_EQ(text.find(part), std::string::npos) << "unexpected \"" << part << "\" in:\n" << text;
+}
+
+// Advice names the command's flags (NOTE [Front ends]), never the C++ API's spellings.
+TEST(SgpuRun, MessagesNameFlagsNotCppSymbols) {
+  Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "-5", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--timeout takes seconds or none, got \"-5\"");
+  expect_lacks(r.output, "sgpu::");
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--gpu-type", "A10", "--", "true"});
+  EXPECT_EQ(r.status, 3) << r.output;
+  expect_has(r.output, "pass --gpu-type H100 or leave it unset");
+  expect_lacks(r.output, "gpu_type=");
+  r = sgpu({"run", "--gpus", "9", "--backend", "sim", "--gpu-type", "H100", "--", "true"});
+  EXPECT_EQ(r.status, 3) << r.output;
+  expect_has(r.output, "pass --gpus 8 or fewer");
+  r = sgpu({"run", "--gpus", "0", "--backend", "sim", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--gpus must be at least 1, got 0");
+  r = sgpu({"run", "--gpus", "1", "--backend", "cuda", "--", "true"});
+  if (r.status != 0) {  // a node without a GPU: the advice is the simulated backend's flag
+    EXPECT_EQ(r.status, 3) << r.output;
+    expect_has(r.output, "pass --backend sim to simulate one");
+    expect_lacks(r.output, "backend=");
+  }
+}
+
+TEST(SgpuRun, AProgramThatCannotRunIsAnErrorBeforeAnyRankStarts) {
+  const std::string dir = sgpu::testing::make_temp_dir("sgpu-cli-noprog").string();
+  Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--log-dir", dir, "--",
+                   "sgpu-no-such-program", "--flag"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "cannot run \"sgpu-no-such-program\": no executable of that name on PATH");
+  expect_lacks(r.output, "[rank");
+  expect_lacks(r.output, "tracking run");
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "no run folder for a launch that never started";
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--", dir + "/missing"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "cannot run \"" + dir + "/missing\": no such file");
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--", dir});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "it is not an executable file");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SgpuRun, ATrackingUriThatCannotWorkExits2BeforeStartingAnything) {
   const Result r =
       sgpu({"run", "--gpus", "2", "--backend", "sim", "--", "true"}, "MLFLOW_TRACKING_URI=ftp://x");

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backend/backend_table.h"
+#include "contract/front_end.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::backend {
@@ -49,9 +50,9 @@ const Backend& choose_backend(const Options& options) {
     reasons += "; " + std::string(entry.name) + ": " + inventory.unavailable_reason;
   }
   if (reasons.empty()) reasons = "; this build has no real GPU backend (built without CUDA)";
-  throw AcceleratorMismatchError(
-      "backend \"auto\" found no GPU on this node" + reasons +
-      ". To run on simulated GPUs, pass backend=\"sim\" or set SGPU_BACKEND=sim");
+  throw AcceleratorMismatchError("backend \"auto\" found no GPU on this node" + reasons +
+                                 ". To run on simulated GPUs, pass " +
+                                 contract::spell("backend", "sim") + " or set SGPU_BACKEND=sim");
 }
 
 }  // namespace sgpu::backend

@@ -1,0 +1,42 @@
+#include "contract/front_end.h"
+
+#include <atomic>
+#include <map>
+
+namespace sgpu::contract {
+namespace {
+
+std::atomic<FrontEnd> g_front_end{FrontEnd::kCpp};
+
+// The sgpu command's flag for each Options member it has one for.
+std::string flag_of(std::string_view setting) {
+  static const std::map<std::string_view, std::string_view> flags = {
+      {"gpus", "--gpus"},         {"gpu_type", "--gpu-type"},     {"backend", "--backend"},
+      {"timeout", "--timeout"},   {"runs_dir", "--log-dir"},      {"console_ranks", "--ranks"},
+      {"name", "--run-name"},     {"experiment", "--experiment"}, {"tracking", "--no-tracking"},
+  };
+  const auto it = flags.find(setting);
+  return it != flags.end() ? std::string(it->second) : std::string(setting);
+}
+
+}  // namespace
+
+void set_front_end(FrontEnd front_end) { g_front_end = front_end; }
+FrontEnd front_end() { return g_front_end; }
+
+std::string spell(std::string_view setting, std::string_view value) {
+  if (front_end() == FrontEnd::kCommand) return flag_of(setting) + " " + std::string(value);
+  const bool number = !value.empty() && value.find_first_not_of("0123456789") == value.npos;
+  return std::string(setting) + "=" + (number ? std::string(value) : "\"" + std::string(value) + "\"");
+}
+
+std::string spell(std::string_view setting) {
+  if (front_end() == FrontEnd::kCommand) return flag_of(setting);
+  return "Options::" + std::string(setting);
+}
+
+std::string spell_no_timeout() {
+  return front_end() == FrontEnd::kCommand ? "--timeout none" : "sgpu::kNoTimeout";
+}
+
+}  // namespace sgpu::contract
