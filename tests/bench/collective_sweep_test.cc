@@ -12,7 +12,25 @@ namespace {
 
 using sgpu::bench::Collective;
 
-// Passes every collective through, then spoils element 0 of each all-reduce on rank 1.
+// The inner work; each wait spoils element 0 of the result on rank 1 (some of Gloo's
+// works copy their result out on every wait, as reduce-scatter's does).
+class SpoilingWork final : public c10d::Work {
+ public:
+  SpoilingWork(c10::intrusive_ptr<c10d::Work> inner, at::Tensor result, bool spoil)
+      : inner_(std::move(inner)), result_(std::move(result)), spoil_(spoil) {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    if (spoil_ && result_.numel() > 0) result_.reshape(-1)[0].add_(1);
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  at::Tensor result_;
+  bool spoil_;
+};
+
+// Passes every collective the sweep issues through; rank 1's results come back spoiled.
 class CorruptingBackend final : public c10d::Backend {
  public:
   explicit CorruptingBackend(c10d::Backend& inner)
@@ -20,16 +38,36 @@ class CorruptingBackend final : public c10d::Backend {
   const std::string getBackendName() const override { return "corrupting"; }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    auto work = inner_.allreduce(tensors, opts);
-    work->wait();
-    if (getRank() == 1) tensors[0].reshape(-1)[0].add_(1);
-    return work;
+    return spoiled(inner_.allreduce(tensors, opts), tensors[0]);
+  }
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    return spoiled(inner_.broadcast(tensors, opts), tensors[0]);
+  }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    return spoiled(inner_._allgather_base(output, input, opts), output);
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    return spoiled(inner_._reduce_scatter_base(output, input, opts), output);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    return spoiled(inner_.alltoall_base(output, input, output_splits, input_splits, opts), output);
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     return inner_.barrier(opts);
   }
 
  private:
+  c10::intrusive_ptr<c10d::Work> spoiled(c10::intrusive_ptr<c10d::Work> work,
+                                         const at::Tensor& result) {
+    return c10::make_intrusive<SpoilingWork>(std::move(work), result, getRank() == 1);
+  }
+
   c10d::Backend& inner_;
 };
 
@@ -40,9 +78,9 @@ sgpu::bench::SweepResult sweep(sgpu::bench::SweepSpec spec, bool corrupt) {
       sgpu::device());
 }
 
-sgpu::bench::SweepSpec allreduce_spec(c10::ScalarType dtype) {
+sgpu::bench::SweepSpec spec_of(Collective op, c10::ScalarType dtype) {
   sgpu::bench::SweepSpec spec;
-  spec.op = Collective::kAllReduce;
+  spec.op = op;
   spec.dtype = dtype;
   spec.sizes = sgpu::bench::plan_sizes(spec.op, dtype, 2, 8, 4096);
   spec.warmup = 1;
@@ -58,16 +96,20 @@ sgpu::Options two_ranks() {
   return options;
 }
 
-TEST(CollectiveSweep, AWrongResultIsCountedOnTheRankThatGotIt) {
-  for (auto dtype : {c10::ScalarType::Float, c10::ScalarType::BFloat16}) {
-    const auto spec = allreduce_spec(dtype);
-    const auto ranks = sgpu::distributed(sweep, two_ranks()).distributed(spec, true);
-    ASSERT_EQ(ranks.size(), 2u);
-    ASSERT_EQ(ranks[1].size(), spec.sizes.size());
-    for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
-      EXPECT_EQ(ranks[0][i].wrong, 0) << "size " << spec.sizes[i].bytes;
-      EXPECT_EQ(ranks[1][i].wrong, 1) << "size " << spec.sizes[i].bytes;
-      EXPECT_GT(ranks[1][i].seconds_per_op, 0);
+TEST(CollectiveSweep, AWrongResultIsCountedOnTheRankThatGotItForEveryOperation) {
+  for (Collective op : sgpu::bench::kAllCollectives) {
+    if (op == Collective::kBarrier) continue;  // no result to check
+    for (auto dtype : {c10::ScalarType::Float, c10::ScalarType::BFloat16}) {
+      const auto spec = spec_of(op, dtype);
+      const auto ranks = sgpu::distributed(sweep, two_ranks()).distributed(spec, true);
+      ASSERT_EQ(ranks.size(), 2u);
+      ASSERT_EQ(ranks[0].size(), spec.sizes.size()) << sgpu::bench::name(op);
+      ASSERT_EQ(ranks[1].size(), spec.sizes.size()) << sgpu::bench::name(op);
+      for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
+        EXPECT_EQ(ranks[0][i].wrong, 0) << sgpu::bench::name(op) << " " << spec.sizes[i].bytes;
+        EXPECT_EQ(ranks[1][i].wrong, 1) << sgpu::bench::name(op) << " " << spec.sizes[i].bytes;
+        EXPECT_GT(ranks[1][i].seconds_per_op, 0);
+      }
     }
   }
 }
@@ -82,7 +124,10 @@ TEST(CollectiveSweep, EveryOperationIsRightOnThreeRanks) {
     spec.sizes = sgpu::bench::plan_sizes(op, spec.dtype, 3, 2, 1024);
     spec.warmup = 0;
     spec.iters = 1;
-    for (const auto& rank : sgpu::distributed(sweep, options).distributed(spec, false)) {
+    const auto ranks = sgpu::distributed(sweep, options).distributed(spec, false);
+    ASSERT_EQ(ranks.size(), 3u);
+    for (const auto& rank : ranks) {
+      ASSERT_EQ(rank.size(), spec.sizes.size()) << sgpu::bench::name(op);
       for (const auto& timing : rank) EXPECT_EQ(timing.wrong, 0) << sgpu::bench::name(op);
     }
   }

@@ -237,6 +237,8 @@ TEST_P(Tracking, BadInputIsRefusedAtTheCallOrStoredAsMlflowStoresItAndNeighbours
   ASSERT_EQ(r["metrics"]["nan"].size(), 2u);
   // The file store keeps infinities; a database-backed server stores them as the
   // largest double, as MLflow does.
+  ASSERT_EQ(r["metrics"]["inf"].size(), 2u);
+  ASSERT_EQ(r["metrics"]["neg_inf"].size(), 2u);
   for (const json& point : r["metrics"]["inf"]) {
     if (GetParam() == Where::kFiles) {
       EXPECT_EQ(point[1], "inf");

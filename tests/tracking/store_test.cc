@@ -480,6 +480,7 @@ TEST(RestStore, CredentialsNeverAppearInErrors) {
   RestStore unreachable("http://bob:hunter2@127.0.0.1:1", RetryPolicy{1});
   try {
     unreachable.get_run("abc");
+    FAIL() << "a server on port 1 answered";
   } catch (const StoreError& e) {
     EXPECT_TRUE(e.transient());
     EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
