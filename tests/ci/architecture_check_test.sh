@@ -36,35 +36,31 @@ what="the tree as it is"
 fresh_copy
 expect 0 'every include allowed'
 
-what="the launcher including the simulated backend"
-mutate src/launcher/process.cc '#include "sim/sim_backend.h"'
-expect 1 "^src/launcher/process.cc:$lines: launcher may not include sim/sim_backend.h \(sim\)"
-
-what="a public header including the launcher"
-mutate src/sgpu/options.h '#include "launcher/program.h"'
-expect 1 "^src/sgpu/options.h:$lines: public header includes src/launcher/program.h"
-
-what="the backend interface including libtorch"
-mutate src/backend/backend.h '#include <torch/csrc/distributed/c10d/Backend.hpp>'
-expect 1 "^src/backend/backend.h:$lines: backend may not include torch/.* \(libtorch\)"
-
-what="tracking including the launcher"
-mutate src/tracking/store.cc '#include "launcher/program.h"'
-expect 1 "^src/tracking/store.cc:$lines: tracking may not include"
-
-what="an example including an internal header"
-mutate examples/hello_world.cc '#include "backend/backend_table.h"'
-expect 1 "^examples/hello_world.cc:$lines: examples may not include"
+# forbidden WHAT FILE LINE PATTERN: LINE appended to FILE fails the check with PATTERN,
+# where @ stands for the line number it was appended at.
+forbidden() {
+  what=$1
+  mutate "$2" "$3"
+  expect 1 "${4//@/$lines}"
+}
+forbidden "the launcher including the simulated backend" src/launcher/process.cc \
+  '#include "sim/sim_backend.h"' '^src/launcher/process.cc:@: launcher may not include sim/sim_backend.h \(sim\)'
+forbidden "a public header including the launcher" src/sgpu/options.h \
+  '#include "launcher/program.h"' '^src/sgpu/options.h:@: public header includes src/launcher/program.h'
+forbidden "the backend interface including libtorch" src/backend/backend.h \
+  '#include <torch/csrc/distributed/c10d/Backend.hpp>' '^src/backend/backend.h:@: backend may not include torch/.* \(libtorch\)'
+forbidden "tracking including the launcher" src/tracking/store.cc \
+  '#include "launcher/program.h"' '^src/tracking/store.cc:@: tracking may not include'
+forbidden "an example including an internal header" examples/hello_world.cc \
+  '#include "backend/backend_table.h"' '^examples/hello_world.cc:@: examples may not include'
+forbidden "an include that names no file of the tree" src/launcher/process.cc \
+  '#include "launcher/no_such_header.h"' '^src/launcher/process.cc:@: "launcher/no_such_header.h" is no file of the tree'
 
 what="a file in a folder the table does not name"
 fresh_copy
 mkdir -p "$work/tree/src/unlisted"
 echo 'int x;' >"$work/tree/src/unlisted/x.cc"
 expect 1 '^src/unlisted/x.cc:1: in no module'
-
-what="an include that names no file of the tree"
-mutate src/launcher/process.cc '#include "launcher/no_such_header.h"'
-expect 1 "^src/launcher/process.cc:$lines: \"launcher/no_such_header.h\" is no file of the tree"
 
 if ((failures)); then
   echo "architecture_check_test: $failures failed"
