@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "contract/abrupt_end.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::sim {
@@ -111,11 +112,14 @@ std::vector<Fault> parse_faults(std::string_view plan, int world_size) {
 void act(const Fault& fault) {
   switch (fault.action) {
     case Fault::Action::kAbort:
+      contract::note_abrupt_end();  // NOTE [Abrupt ends]
       std::abort();
     case Fault::Action::kSegv:
+      contract::note_abrupt_end();
       ::raise(SIGSEGV);
       std::abort();
     case Fault::Action::kExit:
+      contract::note_abrupt_end();
       ::_exit(fault.exit_code);
     case Fault::Action::kThrow:
       throw std::runtime_error("sgpu sim fault: rank " + std::to_string(fault.rank) + " throws");

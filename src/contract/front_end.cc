@@ -11,9 +11,9 @@ std::atomic<FrontEnd> g_front_end{FrontEnd::kCpp};
 // The sgpu command's flag for each Options member it has one for.
 std::string flag_of(std::string_view setting) {
   static const std::map<std::string_view, std::string_view> flags = {
-      {"gpus", "--gpus"},         {"gpu_type", "--gpu-type"},     {"backend", "--backend"},
-      {"timeout", "--timeout"},   {"runs_dir", "--log-dir"},      {"console_ranks", "--ranks"},
-      {"name", "--run-name"},     {"experiment", "--experiment"}, {"tracking", "--no-tracking"},
+      {"gpus", "--gpus"},       {"gpu_type", "--gpu-type"},     {"backend", "--backend"},
+      {"timeout", "--timeout"}, {"runs_dir", "--log-dir"},      {"console_ranks", "--ranks"},
+      {"name", "--run-name"},   {"experiment", "--experiment"}, {"tracking", "--no-tracking"},
   };
   const auto it = flags.find(setting);
   return it != flags.end() ? std::string(it->second) : std::string(setting);
@@ -27,7 +27,8 @@ FrontEnd front_end() { return g_front_end; }
 std::string spell(std::string_view setting, std::string_view value) {
   if (front_end() == FrontEnd::kCommand) return flag_of(setting) + " " + std::string(value);
   const bool number = !value.empty() && value.find_first_not_of("0123456789") == value.npos;
-  return std::string(setting) + "=" + (number ? std::string(value) : "\"" + std::string(value) + "\"");
+  return std::string(setting) + "=" +
+         (number ? std::string(value) : "\"" + std::string(value) + "\"");
 }
 
 std::string spell(std::string_view setting) {

@@ -20,6 +20,7 @@
 
 #include "backend/backend_table.h"
 #include "backend/selection.h"
+#include "contract/abrupt_end.h"
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
@@ -490,11 +491,18 @@ class CallImpl final : public detail::Call {
       row.signal = slot.exit->signal;
     }
     const auto record = serialize::read_error_record(slot.folder.error());
-    // A rank whose own failure was recorded before teardown began failed in its own right,
-    // even when its exit was seen only after.
-    const bool failed_before_teardown = record && slot.exit &&
-                                        slot.exit->exit_code.value_or(0) != 0 &&
-                                        (!teardown_began_ || record->time < *teardown_began_);
+    // When it went down without a record (NOTE [Abrupt ends]).
+    const auto abrupt_end = contract::read_abrupt_end(slot.folder.abrupt_end());
+    if (abrupt_end && !record) row.time = *abrupt_end;
+    // A rank whose own failure was recorded (or noted) before teardown began failed in its
+    // own right, even when its exit was seen only after.
+    const auto before_teardown = [&](WallClock::time_point time) {
+      return !teardown_began_ || time < *teardown_began_;
+    };
+    const bool failed_before_teardown =
+        slot.exit &&
+        ((record && slot.exit->exit_code.value_or(0) != 0 && before_teardown(record->time)) ||
+         (!record && abrupt_end && before_teardown(*abrupt_end)));
     if (slot.timed_out) {
       row.kind = RankFailure::Kind::kTimedOut;
     } else if (!failed_before_teardown && (!slot.exit || slot.exited_in_teardown)) {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backend/backend_table.h"
+#include "contract/abrupt_end.h"
 #include "contract/run_folder.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
@@ -50,6 +51,7 @@ void watch_lifeline(int fd) {
 }
 
 void on_crash(int signal) {
+  contract::note_abrupt_end();  // NOTE [Abrupt ends]
   // Async-signal-safe: backtrace_symbols_fd writes without allocating.
   const char* name = ::sigabbrev_np(signal);
   char head[96];
@@ -181,6 +183,7 @@ void run_rank() {
   const contract::RankEnvironment env = contract::read_rank_environment();
   const contract::RankFolder folder{env.rank_dir};
   const int rank = env.rank;
+  contract::arm_abrupt_end(folder.abrupt_end());
   try {
     const auto record = serialize::from_bytes<serialize::CallRecord>(serialize::read_record_file(
         env.call_file, serialize::RecordKind::kCall, std::size_t{1} << 40));

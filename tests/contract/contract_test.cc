@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <system_error>
+#include <thread>
 
+#include "contract/abrupt_end.h"
 #include "contract/atomic_file.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
@@ -123,6 +125,27 @@ TEST(AtomicFile, AFailureNamesThePathAndLeavesNothing) {
   fs::remove_all(dir);
 }
 
+TEST(AbruptEnd, TheFirstNoteIsReadBackAtTheTimeItWasWritten) {
+  const fs::path dir = sgpu::testing::make_temp_dir("sgpu-contract");
+  const fs::path file = sgpu::contract::RankFolder{dir}.abrupt_end();
+  EXPECT_FALSE(sgpu::contract::read_abrupt_end(file));
+  sgpu::contract::note_abrupt_end();  // unarmed: nothing written
+  EXPECT_TRUE(fs::is_empty(dir));
+  sgpu::contract::arm_abrupt_end(file);
+  const auto before = std::chrono::system_clock::now();
+  sgpu::contract::note_abrupt_end();
+  const auto after = std::chrono::system_clock::now();
+  const auto noted = sgpu::contract::read_abrupt_end(file);
+  ASSERT_TRUE(noted);
+  EXPECT_LE(before, *noted);
+  EXPECT_LE(*noted, after);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  sgpu::contract::note_abrupt_end();  // a second note (a crash handler after a fault)
+  EXPECT_EQ(sgpu::contract::read_abrupt_end(file), noted) << "the first note wins";
+  sgpu::contract::arm_abrupt_end("");
+  fs::remove_all(dir);
+}
+
 TEST(RunFolder, NamesAreTheDocumentedLayout) {
   const sgpu::contract::RunFolder run{"/runs/abc"};
   EXPECT_EQ(run.call(), "/runs/abc/call.bin");
@@ -134,6 +157,7 @@ TEST(RunFolder, NamesAreTheDocumentedLayout) {
   EXPECT_EQ(rank.stdout_log(), "/runs/abc/rank-3/stdout.log");
   EXPECT_EQ(rank.stderr_log(), "/runs/abc/rank-3/stderr.log");
   EXPECT_EQ(rank.tracking_spool(), "/runs/abc/rank-3/tracking-spool.jsonl");
+  EXPECT_EQ(rank.abrupt_end(), "/runs/abc/rank-3/abrupt-end");
   EXPECT_TRUE(sgpu::contract::RunFolder::is_rank_folder_name("rank-12"));
   EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("rank-"));
   EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("call.bin"));
