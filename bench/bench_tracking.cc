@@ -12,7 +12,7 @@
 #include <string>
 
 #include "sgpu/sgpu.h"
-#include "tracking/mlflow_support.h"
+#include "testing/mlflow_server.h"
 
 namespace {
 

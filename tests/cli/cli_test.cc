@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "support/process_table.h"
-#include "support/temp_dir.h"
+#include "testing/temp_dir.h"
 #include "tracking/file/file_store.h"
 #include "tracking/pending.h"
 #include "tracking/spool.h"

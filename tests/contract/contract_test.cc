@@ -14,7 +14,7 @@
 #include "contract/atomic_file.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
-#include "support/temp_dir.h"
+#include "testing/temp_dir.h"
 
 namespace {
 

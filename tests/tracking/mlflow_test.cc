@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "sgpu/sgpu.h"
-#include "tracking/mlflow_support.h"
+#include "testing/mlflow_server.h"
 #include "tracking/rest/rest_store.h"
 
 namespace {

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "sgpu/config.h"
-#include "support/temp_dir.h"
+#include "testing/temp_dir.h"
 #include "tracking/file/file_store.h"
 #include "tracking/pending.h"
 #include "tracking/rest/log_batch.h"

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "support/temp_dir.h"
+#include "testing/temp_dir.h"
 
 extern char** environ;
 
