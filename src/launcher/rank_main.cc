@@ -25,7 +25,7 @@
 #include "launcher/program.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
-#include "sgpu/distributed.h"
+#include "sgpu/internal/call.h"
 #include "sgpu/internal/values.h"
 #include "tracking/rank_logger.h"
 

@@ -63,8 +63,6 @@ std::string entry(void* function, std::string_view signature, std::string_view a
       tuple);
 }
 
-using EntryFn = std::string (*)(void*, std::string_view, std::string_view);
-
 }  // namespace detail
 
 // A call in flight. wait() blocks for the results (std::vector<R>, or nothing for void).

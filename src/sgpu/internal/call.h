@@ -9,12 +9,18 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sgpu/internal/call_record.h"
 #include "sgpu/options.h"
 
 namespace sgpu::detail {
+
+// The typed trampoline's type: detail::entry<R, A...> (sgpu/distributed.h) for the
+// function at the first argument, the mangled signature it must have and the argument
+// bytes; returns the result's bytes. The rank resolves it from CallRecord::entry.
+using EntryFn = std::string (*)(void*, std::string_view, std::string_view);
 
 // One call in flight. Thread-safe.
 class Call {
