@@ -1,4 +1,4 @@
-#include "tracking/rest/log_batch.h"
+#include "tracking/log_batch.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// MLflow's runs/log-batch request: its body and the server's limits per request. Built
-// with or without libcurl: the spool (tracking/spool.h) keeps batches as these bodies.
+// MLflow's runs/log-batch request: its body and the server's limits per request, the
+// format the REST store sends (rest/rest_store.h) and the spool keeps (tracking/spool.h).
 #pragma once
 
 #include <string>

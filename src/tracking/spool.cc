@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sgpu/errors.h"
-#include "tracking/rest/log_batch.h"
+#include "tracking/log_batch.h"
 
 namespace sgpu::tracking {
 namespace {

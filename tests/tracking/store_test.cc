@@ -22,8 +22,8 @@
 #include "sgpu/config.h"
 #include "testing/temp_dir.h"
 #include "tracking/file/file_store.h"
+#include "tracking/log_batch.h"
 #include "tracking/pending.h"
-#include "tracking/rest/log_batch.h"
 #if SGPU_WITH_TRACKING_SERVER
 #include "tracking/rest/rest_store.h"
 #endif

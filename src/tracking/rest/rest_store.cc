@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tracking/rest/log_batch.h"
+#include "tracking/log_batch.h"
 #include "tracking/validation.h"
 
 namespace sgpu::tracking {
