@@ -644,20 +644,27 @@ std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecor
   run_request.backend = std::string(chosen.name());
   run_request.gpu_type = selection.gpu_type;
   run_request.program = runs_a_program;
+  // The run's name: Options::name, else the function's plain name or the program's
+  // (`python train.py` is train.py), never a signature; the function param keeps it all.
   run_request.run_name = options.name;
   if (runs_a_program) {
     for (const std::string& word : command) {
       run_request.function_name += (run_request.function_name.empty() ? "" : " ") + word;
     }
+    if (run_request.run_name.empty()) run_request.run_name = program_run_name(command);
   } else if (!record.function_name.empty()) {
     run_request.function_name = record.function_name;
+    if (run_request.run_name.empty()) run_request.run_name = plain_name(record.function_name);
   } else {
-    // A function without a symbol (static, or in an anonymous namespace): its type.
+    // A function the binary keeps no name for (a stripped static one): its type.
     int status = 0;
     std::unique_ptr<char, void (*)(void*)> type(
         abi::__cxa_demangle(record.signature.c_str(), nullptr, nullptr, &status), std::free);
     run_request.function_name =
         "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
+    if (run_request.run_name.empty() && !program_args().empty()) {
+      run_request.run_name = program_run_name({program_args().front()});  // the binary's name
+    }
   }
   run_request.sim_node = inventory.sim_spec;
   std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(run_request);

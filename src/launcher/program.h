@@ -27,6 +27,14 @@ serialize::CodeAddress locate_code(const void* address);
 // The address in this process of code located by locate_code in another process of the
 // same binary. Throws std::runtime_error when the module is not loaded here.
 void* resolve_code(const serialize::CodeAddress& address);
+// The function's demangled name, from the dynamic symbols or else the module's own
+// symbol table (static functions, anonymous namespaces); "" when the binary keeps none.
 std::string code_name(const void* address);
+// A function's plain name, for run names: "hello_world" for "hello_world(std::string)",
+// "train" for "(anonymous namespace)::train(Job)", "step" for "int ns::step<int>(int)".
+std::string plain_name(const std::string& function_name);
+// A program's name, for run names: its base name, or for an interpreter the script's
+// ("python train.py" is train.py, "python -m pkg.run" is pkg.run).
+std::string program_run_name(const std::vector<std::string>& command);
 
 }  // namespace sgpu::launcher

@@ -159,6 +159,12 @@ TEST(SgpuRun, MlflowsOwnClientInEveryRankLogsIntoTheLaunchsFileStoreRun) {
     }
   }
   EXPECT_EQ(runs_found, 1) << "run " << run_id << " under " << dir << "\n" << r.output;
+  for (const auto& experiment : std::filesystem::directory_iterator(dir)) {
+    std::ifstream meta(experiment.path() / run_id / "meta.yaml");
+    if (!meta) continue;
+    const std::string text((std::istreambuf_iterator<char>(meta)), {});
+    expect_has(text, "run_name: mlflow_log.py\n");  // the script's name, not the command
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -152,8 +152,10 @@ TEST_P(Tracking, ACallIsAChildRunWithEveryRanksMetricsParamsAndTags) {
   EXPECT_EQ(r["params"]["backend"], "sim");
   EXPECT_EQ(r["params"]["gpu_type"], "H100");
   EXPECT_EQ(r["params"]["timeout"], "10800000ms");
-  // A function in an anonymous namespace has no symbol: the run names its type.
-  EXPECT_EQ(r["params"]["function"], "a function of type int (int)");
+  // A function in an anonymous namespace is found in the binary's own symbol table: the
+  // param holds its whole name, the run its plain one.
+  EXPECT_EQ(r["params"]["function"], "(anonymous namespace)::train(int)");
+  EXPECT_EQ(r["info"]["run_name"], "train");
 
   json expected_loss = json::array();
   for (int step = 0; step < kSteps; ++step) {
