@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 
 #include "sgpu/internal/call.h"
@@ -151,13 +153,25 @@ void* resolve_code(const serialize::CodeAddress& address) {
 std::string code_name(const void* address) {
   Dl_info info{};
   if (dladdr(address, &info) != 0 && info.dli_sname != nullptr) return demangled(info.dli_sname);
+  // The symbol table is read once per function: a sweep launches the same one many times.
+  static std::mutex mutex;
+  static std::map<const void*, std::string> names;
+  std::lock_guard lock(mutex);
+  if (const auto it = names.find(address); it != names.end()) return it->second;
   const serialize::CodeAddress where = locate_code(address);
   const std::string symbol =
       symtab_name(where.module.empty() ? "/proc/self/exe" : where.module, where.offset);
-  return symbol.empty() ? "" : demangled(symbol.c_str());
+  return names[address] = symbol.empty() ? "" : demangled(symbol.c_str());
 }
 
 std::string plain_name(const std::string& name) {
+  // A lambda's function ("main::{lambda(int)#1}::_FUN(int)") is named after where it is.
+  if (const auto lambda = name.find("{lambda"); lambda != std::string::npos) {
+    std::string enclosing = name.substr(0, lambda);
+    if (enclosing.size() >= 2 && enclosing.ends_with("::")) enclosing.resize(enclosing.size() - 2);
+    enclosing = enclosing.empty() ? "" : plain_name(enclosing);
+    return enclosing.empty() ? "lambda" : enclosing + " lambda";
+  }
   std::string text = name;
   for (const std::string anonymous : {"(anonymous namespace)::", "{anonymous}::"}) {
     for (auto at = text.find(anonymous); at != std::string::npos; at = text.find(anonymous)) {

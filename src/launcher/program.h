@@ -31,7 +31,8 @@ void* resolve_code(const serialize::CodeAddress& address);
 // symbol table (static functions, anonymous namespaces); "" when the binary keeps none.
 std::string code_name(const void* address);
 // A function's plain name, for run names: "hello_world" for "hello_world(std::string)",
-// "train" for "(anonymous namespace)::train(Job)", "step" for "int ns::step<int>(int)".
+// "train" for "(anonymous namespace)::train(Job)", "step" for "int ns::step<int>(int)",
+// "main lambda" for a lambda in main.
 std::string plain_name(const std::string& function_name);
 // A program's name, for run names: its base name, or for an interpreter the script's
 // ("python train.py" is train.py, "python -m pkg.run" is pkg.run).

@@ -43,6 +43,10 @@ TEST(PlainName, IsTheFunctionsOwnNameWithoutScopeParametersOrTemplates) {
             "time_it");
   EXPECT_EQ(plain_name(code_name(reinterpret_cast<const void*>(&outer::in_namespace))),
             "in_namespace");
+  EXPECT_EQ(plain_name("main::{lambda(int)#1}::_FUN(int)"), "main lambda");
+  EXPECT_EQ(plain_name("{lambda(int)#2}::_FUN(int)"), "lambda");
+  int (*lambda)(int) = [](int x) { return x; };
+  EXPECT_EQ(plain_name(code_name(reinterpret_cast<const void*>(lambda))), "TestBody lambda");
 }
 
 TEST(ProgramRunName, IsTheProgramOrTheInterpretersScript) {
