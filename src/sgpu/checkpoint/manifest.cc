@@ -4,7 +4,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace sgpu::checkpoint {
 
@@ -87,6 +89,14 @@ std::string Manifest::index_json() const {
   index["metadata"]["total_size"] = model_bytes;
   for (const auto& [key, value] : metadata) index["metadata"][key] = value;
   return index.dump(2);
+}
+
+Manifest Manifest::read(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw CheckpointError("cannot open " + file.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), file.string());
 }
 
 Manifest Manifest::parse(const std::string& text, const std::string& where) {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -53,6 +54,8 @@ struct Manifest {
   std::string index_json() const;
   // CheckpointError naming `where` for text that is no manifest.
   static Manifest parse(const std::string& text, const std::string& where);
+  // parse() of the file's text; CheckpointError when it cannot be opened.
+  static Manifest read(const std::filesystem::path& file);
 };
 
 // The CRC-32 of a contiguous CPU tensor's bytes, as a piece records it.

@@ -2,9 +2,6 @@
 // dtype, size and CRC-32), and each rank's shards filled from the pieces they overlap.
 #include <c10/util/StringUtil.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "sgpu/checkpoint/checkpoint.h"
 #include "sgpu/checkpoint/internal/optimizer_state.h"
 
@@ -35,11 +32,7 @@ CheckpointReader::CheckpointReader(fs::path dir) : dir_(std::move(dir)) {
         ", so the save that wrote it did not finish (or it is not an sgpu checkpoint); load the "
         "previous checkpoint");
   }
-  std::ifstream in(manifest_path);
-  if (!in) throw CheckpointError("cannot open " + manifest_path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  manifest_ = Manifest::parse(text.str(), manifest_path.string());
+  manifest_ = Manifest::read(manifest_path);
 }
 
 CheckpointReader::~CheckpointReader() = default;

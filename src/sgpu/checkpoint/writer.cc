@@ -3,8 +3,6 @@
 #include <c10/util/accumulate.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "contract/atomic_file.h"
@@ -43,14 +41,6 @@ void write_text_durably(const fs::path& path, const std::string& text,
     throw CheckpointError(e.what());
   }
   if (hook) hook("renamed:" + path.filename().string());
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw CheckpointError("cannot open " + path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const SaveOptions& options) {
@@ -160,10 +150,7 @@ void save_pieces(const fs::path& dir, const std::vector<Piece>& model,
     manifest.world_size = world;
     manifest.strategy = strategy;
     manifest.metadata = options.metadata;
-    for (int r = 0; r < world; ++r) {
-      const fs::path path = part_path(dir, r);
-      manifest.merge(Manifest::parse(read_text(path), path.string()), r);
-    }
+    for (int r = 0; r < world; ++r) manifest.merge(Manifest::read(part_path(dir, r)), r);
     manifest.check_coverage();  // every element of every tensor saved exactly once
     write_text_durably(dir / kIndexName, manifest.index_json(), hook);
     if (hook) hook("before-manifest");
