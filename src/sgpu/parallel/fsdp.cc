@@ -242,9 +242,7 @@ ShardedState FsdpEngine::sharded_state(const torch::nn::Module& root,
     state.model.push_back({unit.params, unit.shard_offset, unit.data, false});
   }
   if (optimizer != nullptr) state.optimized = state.model;
-  for (const auto& item : root.named_buffers()) {
-    state.model.push_back(whole_tensor(item.key(), item.value(), true));
-  }
+  add_replicated_buffers(root, state);
   return state;
 }
 

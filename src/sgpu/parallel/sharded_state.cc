@@ -6,6 +6,12 @@ FlatShard whole_tensor(const std::string& name, const at::Tensor& tensor, bool r
   return {{{name, tensor.sizes().vec(), 0, tensor.numel()}}, 0, tensor, replicated};
 }
 
+void add_replicated_buffers(const torch::nn::Module& module, ShardedState& state) {
+  for (const auto& item : module.named_buffers()) {
+    state.model.push_back(whole_tensor(item.key(), item.value(), true));
+  }
+}
+
 ShardedState replicated_state(const torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                               std::string strategy) {
   ShardedState state;
@@ -15,9 +21,7 @@ ShardedState replicated_state(const torch::nn::Module& module, torch::optim::Opt
     state.model.push_back(whole_tensor(item.key(), item.value(), true));
     if (optimizer != nullptr) state.optimized.push_back(state.model.back());
   }
-  for (const auto& item : module.named_buffers()) {
-    state.model.push_back(whole_tensor(item.key(), item.value(), true));
-  }
+  add_replicated_buffers(module, state);
   return state;
 }
 

@@ -49,6 +49,9 @@ struct ShardedState {
 
 // The shard that is one whole tensor.
 FlatShard whole_tensor(const std::string& name, const at::Tensor& tensor, bool replicated);
+// Adds each of `module`'s buffers to the state's model, whole and replicated: every
+// strategy here keeps buffers unsharded, the same on every rank.
+void add_replicated_buffers(const torch::nn::Module& module, ShardedState& state);
 
 // A module every rank holds whole (DDP), or one process's: each parameter and buffer is a
 // replicated whole-tensor shard; each parameter is one of the optimizer's.

@@ -237,9 +237,7 @@ ShardedState ZeroOptimizer::sharded_state(const torch::nn::Module& module) {
                       std::to_string(params_.size()) +
                       "; pass the module whose parameters() built it");
   }
-  for (const auto& item : module.named_buffers()) {
-    state.model.push_back(whole_tensor(item.key(), item.value(), true));
-  }
+  add_replicated_buffers(module, state);
   state.optimized.push_back(std::move(partition));
   return state;
 }
