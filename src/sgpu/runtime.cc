@@ -7,6 +7,13 @@
 #include "launcher/rank_main.h"
 
 namespace sgpu {
+namespace {
+
+int rank_env_int(const char* name, int fallback) {
+  return static_cast<int>(contract::env_int(name, fallback));
+}
+
+}  // namespace
 
 void init(int argc, char** argv) {
   launcher::set_program_args(argc, argv);
@@ -17,14 +24,13 @@ void init(int argc, char** argv) {
 
 bool is_rank() { return launcher::started_as_rank(); }
 
-// Outside a rank, the caller is rank 0 of a world of one on the CPU.
-int global_rank() { return is_rank() ? contract::read_rank_environment().rank : 0; }
-int local_rank() { return is_rank() ? contract::read_rank_environment().local_rank : 0; }
-int world_size() { return is_rank() ? contract::read_rank_environment().world_size : 1; }
-int local_world_size() {
-  return is_rank() ? contract::read_rank_environment().local_world_size : 1;
-}
-int node_rank() { return is_rank() ? contract::read_rank_environment().node_rank : 0; }
+// Outside a rank, the caller is rank 0 of a world of one on the CPU. Each reads its own
+// variable only: user code may call these every step.
+int global_rank() { return is_rank() ? rank_env_int(contract::kRankVar, 0) : 0; }
+int local_rank() { return is_rank() ? rank_env_int(contract::kLocalRankVar, 0) : 0; }
+int world_size() { return is_rank() ? rank_env_int(contract::kWorldSizeVar, 1) : 1; }
+int local_world_size() { return is_rank() ? rank_env_int(contract::kLocalWorldSizeVar, 1) : 1; }
+int node_rank() { return is_rank() ? rank_env_int(contract::kNodeRankVar, 0) : 0; }
 
 std::string device() {
   if (!is_rank()) return "cpu";
