@@ -33,11 +33,20 @@ std::string spell(std::string_view setting, std::string_view value) {
 
 std::string spell(std::string_view setting) {
   if (front_end() == FrontEnd::kCommand) return flag_of(setting);
+  if (front_end() == FrontEnd::kPython) return std::string(setting);
   return "Options::" + std::string(setting);
 }
 
 std::string spell_no_timeout() {
-  return front_end() == FrontEnd::kCommand ? "--timeout none" : "sgpu::kNoTimeout";
+  switch (front_end()) {
+    case FrontEnd::kCommand:
+      return "--timeout none";
+    case FrontEnd::kPython:
+      return "timeout=None";
+    case FrontEnd::kCpp:
+      break;
+  }
+  return "sgpu::kNoTimeout";
 }
 
 }  // namespace sgpu::contract

@@ -2,8 +2,9 @@
 // The same checks serve the C++ API and the sgpu command, and their messages end with
 // what to do. Advice names a setting the way the caller writes it: spell("backend",
 // "sim") is `backend="sim"` in C++ and `--backend sim` for the sgpu command, which says
-// so with set_front_end(kCommand) before it calls anything. Settings are named as
-// sgpu::Options' members.
+// so with set_front_end(kCommand) before it calls anything, and `backend="sim"` for the
+// Python decorator (kPython: its keyword arguments). Settings are named as sgpu::Options'
+// members, which the decorator's keywords mirror.
 #pragma once
 
 #include <string>
@@ -11,16 +12,16 @@
 
 namespace sgpu::contract {
 
-enum class FrontEnd { kCpp, kCommand };
+enum class FrontEnd { kCpp, kCommand, kPython };
 
 void set_front_end(FrontEnd front_end);
 FrontEnd front_end();
 
 // The setting given `value`: backend="sim" (a number unquoted: gpus=4) / --backend sim.
 std::string spell(std::string_view setting, std::string_view value);
-// The setting itself: Options::timeout / --timeout.
+// The setting itself: Options::timeout / --timeout / timeout.
 std::string spell(std::string_view setting);
-// How to ask for no timeout: sgpu::kNoTimeout / --timeout none.
+// How to ask for no timeout: sgpu::kNoTimeout / --timeout none / timeout=None.
 std::string spell_no_timeout();
 
 }  // namespace sgpu::contract

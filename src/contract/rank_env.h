@@ -25,7 +25,7 @@ inline constexpr const char* kNodeRankVar = "NODE_RANK";
 inline constexpr const char* kMasterAddrVar = "MASTER_ADDR";
 inline constexpr const char* kMasterPortVar = "MASTER_PORT";
 // sgpu's own.
-inline constexpr const char* kRoleVar = "SGPU_ROLE";                      // "rank", "program"
+inline constexpr const char* kRoleVar = "SGPU_ROLE";  // "rank", "program", "worker" (Python)
 inline constexpr const char* kCallFileVar = "SGPU_CALL_FILE";             // the staged call.bin
 inline constexpr const char* kRankDirVar = "SGPU_RANK_DIR";               // rank-<N>/
 inline constexpr const char* kDeviceVar = "SGPU_DEVICE_INDEX";            // device to bind

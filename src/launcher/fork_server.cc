@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -141,8 +142,14 @@ std::pair<UniqueFd, UniqueFd> make_socket_pair() {
 
 class ServerHandle {
  public:
-  static ServerHandle& instance() {
-    static ServerHandle* handle = new ServerHandle;  // lives as long as the process
+  // The server for `command` (this binary's: "/proc/self/exe" and program_args()), started
+  // on first use; one per command, each living as long as the process.
+  static ServerHandle& instance(const std::vector<std::string>& command) {
+    static std::mutex mutex;
+    static auto* handles = new std::map<std::vector<std::string>, ServerHandle*>;
+    std::lock_guard lock(mutex);
+    ServerHandle*& handle = (*handles)[command];
+    if (handle == nullptr) handle = new ServerHandle(command);
     return *handle;
   }
 
@@ -167,6 +174,8 @@ class ServerHandle {
   }
 
  private:
+  explicit ServerHandle(std::vector<std::string> command) : command_(std::move(command)) {}
+
   bool running_locked() {
     if (pid_ == 0) return false;
     int status = 0;
@@ -190,8 +199,8 @@ class ServerHandle {
   void start_locked() {
     auto [mine, theirs] = make_socket_pair();
     SpawnRequest request;
-    request.program = "/proc/self/exe";
-    request.argv = program_args();
+    request.program = command_.front();
+    request.argv.assign(command_.begin() + 1, command_.end());
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
       if (std::strncmp(*entry, "SGPU_ROLE=", 10) != 0) request.env.emplace_back(*entry);
     }
@@ -211,14 +220,22 @@ class ServerHandle {
     }
   }
 
+  const std::vector<std::string> command_;  // the program, then its argv
   std::mutex mutex_;
   pid_t pid_ = 0;
   UniqueFd control_;
 };
 
+std::vector<std::string> own_server_command() {
+  std::vector<std::string> command{"/proc/self/exe"};
+  command.insert(command.end(), program_args().begin(), program_args().end());
+  return command;
+}
+
 class ForkServerStarter final : public RankStarter {
  public:
-  ForkServerStarter() : channel_(ServerHandle::instance().open_channel()) {}
+  explicit ForkServerStarter(const std::vector<std::string>& command)
+      : channel_(ServerHandle::instance(command).open_channel()) {}
   ~ForkServerStarter() override { release(); }
 
   pid_t start(const SpawnRequest& request) override {
@@ -332,7 +349,10 @@ void kill_and_reap(Channel& channel) {
   channel.children.clear();
 }
 
-[[noreturn]] void become_rank(const Message& request, std::vector<UniqueFd>& fds) {
+// In the forked child: the request's descriptors, working folder and clean signal state;
+// returns the environment the rank must have (the request's, with this server as the
+// parent a rank checks for).
+std::vector<std::string> become_rank(const Message& request, std::vector<UniqueFd>& fds) {
   ::setpgid(0, 0);
   for (int signal = 1; signal < NSIG; ++signal) ::signal(signal, SIG_DFL);
   sigset_t none;
@@ -351,43 +371,41 @@ void kill_and_reap(Channel& channel) {
     [[maybe_unused]] ssize_t n = ::write(2, text.data(), text.size());
     ::_exit(127);
   }
-  // The request's environment replaces the server's, as exec would; the parent a rank
-  // checks for is this server.
-  // Never freed: environ must stay valid through the exit handlers of every library.
-  auto& strings = *new std::vector<std::string>;
-  auto& pointers = *new std::vector<char*>;
+  std::vector<std::string> env;
   const std::string parent = std::string(contract::kParentVar) + "=";
   for (const std::string& var : request.env) {
-    if (var.rfind(parent, 0) != 0) strings.push_back(var);
+    if (var.rfind(parent, 0) != 0) env.push_back(var);
   }
-  strings.push_back(parent + std::to_string(::getppid()));
-  for (std::string& var : strings) pointers.push_back(var.data());
-  pointers.push_back(nullptr);
-  environ = pointers.data();
-  run_rank();
+  env.push_back(parent + std::to_string(::getppid()));
+  return env;
 }
 
-void handle_request(Channel& channel, const Message& request, std::vector<UniqueFd>& fds) {
+// Returns the rank's environment in a child just forked, std::nullopt in the server.
+std::optional<std::vector<std::string>> handle_request(Channel& channel, const Message& request,
+                                                       std::vector<UniqueFd>& fds,
+                                                       const ForkHooks& hooks) {
   if (request.kind == Message::kRelease) {
     kill_and_reap(channel);
     send_message(channel.socket.get(), Message{.kind = Message::kReleased});
-    return;
+    return std::nullopt;
   }
-  if (request.kind != Message::kSpawn) return;
+  if (request.kind != Message::kSpawn) return std::nullopt;
   Message reply;
   if (fds.size() != 2) {
     reply = Message{.kind = Message::kError,
                     .text = "sgpu fork server: a spawn request without its stdout and stderr"};
   } else if (const int threads = thread_count(); threads > 1) {
     reply = Message{.kind = Message::kError,
-                    .text = "sgpu fork server: it has " + std::to_string(threads) +
-                            " threads (a static initialiser of this program started them), so "
-                            "forking it is unsafe. Use the exec start method: "
-                            "Options::start_method = sgpu::StartMethod::kExec, or "
-                            "SGPU_START_METHOD=exec"};
+                    .text = "sgpu fork server: it has " + std::to_string(threads) + " threads (" +
+                            hooks.threads_hint + "), so forking it is unsafe. " + hooks.exec_hint};
   } else {
+    if (hooks.before_fork) hooks.before_fork();
     const pid_t pid = ::fork();
-    if (pid == 0) become_rank(request, fds);
+    if (pid == 0) {
+      if (hooks.after_fork_child) hooks.after_fork_child();
+      return become_rank(request, fds);
+    }
+    if (hooks.after_fork_parent) hooks.after_fork_parent();
     if (pid < 0) {
       reply =
           Message{.kind = Message::kError,
@@ -399,6 +417,7 @@ void handle_request(Channel& channel, const Message& request, std::vector<Unique
     }
   }
   send_message(channel.socket.get(), reply);
+  return std::nullopt;
 }
 
 [[noreturn]] void shut_down(std::vector<Channel>& channels) {
@@ -409,14 +428,38 @@ void handle_request(Channel& channel, const Message& request, std::vector<Unique
 }  // namespace
 
 std::unique_ptr<RankStarter> make_fork_server_starter() {
-  return std::make_unique<ForkServerStarter>();
+  return std::make_unique<ForkServerStarter>(own_server_command());
 }
 
-pid_t fork_server_pid() { return ServerHandle::instance().pid(); }
+std::unique_ptr<RankStarter> make_fork_server_starter(const std::vector<std::string>& command) {
+  return std::make_unique<ForkServerStarter>(command);
+}
+
+pid_t fork_server_pid() { return ServerHandle::instance(own_server_command()).pid(); }
+
+pid_t fork_server_pid(const std::vector<std::string>& command) {
+  return ServerHandle::instance(command).pid();
+}
 
 bool started_as_fork_server() { return started_as(kForkServerRole); }
 
 void run_fork_server() {
+  ForkHooks hooks;
+  hooks.threads_hint = "a static initialiser of this program started them";
+  hooks.exec_hint =
+      "Use the exec start method: Options::start_method = sgpu::StartMethod::kExec, or "
+      "SGPU_START_METHOD=exec";
+  // The request's environment replaces the server's, as exec would.
+  // Never freed: environ must stay valid through the exit handlers of every library.
+  auto& strings = *new std::vector<std::string>(serve_forks(hooks));
+  auto& pointers = *new std::vector<char*>;
+  for (std::string& var : strings) pointers.push_back(var.data());
+  pointers.push_back(nullptr);
+  environ = pointers.data();
+  run_rank();
+}
+
+std::vector<std::string> serve_forks(const ForkHooks& hooks) {
   ::signal(SIGPIPE, SIG_IGN);
   std::vector<Channel> channels;
   try {
@@ -451,7 +494,17 @@ void run_fork_server() {
           channels.erase(channels.begin() + static_cast<std::ptrdiff_t>(i));
           continue;
         }
-        if (got == Received::kMessage) handle_request(channel, message, received);
+        if (got == Received::kMessage) {
+          if (auto env = handle_request(channel, message, received, hooks)) {
+            // The new rank: the server's descriptors are closed already (become_rank),
+            // so they are let go, not closed again.
+            for (Channel& open : channels) {
+              open.socket.release();
+              for (Child& child : open.children) child.exit_fd.release();
+            }
+            return std::move(*env);
+          }
+        }
         for (Child& child : channel.children) {
           if (child.exit_reported) continue;
           const auto status = peek_exit(child.pid);

@@ -20,7 +20,10 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "launcher/rank_starter.h"
 
@@ -30,11 +33,33 @@ inline constexpr const char* kForkServerRole = "fork-server";
 
 // A starter whose ranks come from this caller's fork server, started on first use.
 std::unique_ptr<RankStarter> make_fork_server_starter();
+// The same with another program as the server: `command` (its path, then its whole argv,
+// argv[0] included) must
+// answer as this binary's server does, by calling serve_forks() (the Python fork server,
+// python -m sgpu._fork_server). One server per command.
+std::unique_ptr<RankStarter> make_fork_server_starter(const std::vector<std::string>& command);
 
 // The server's pid; 0 when none runs.
 pid_t fork_server_pid();
+pid_t fork_server_pid(const std::vector<std::string>& command);
 
 bool started_as_fork_server();
+// This binary as the server: serve_forks(), then the rank (run_rank) in each child.
 [[noreturn]] void run_fork_server();
+
+// What a host of the server loop adds around fork() and says when it cannot fork.
+struct ForkHooks {
+  std::function<void()> before_fork;        // e.g. PyOS_BeforeFork
+  std::function<void()> after_fork_parent;  // PyOS_AfterFork_Parent
+  std::function<void()> after_fork_child;   // PyOS_AfterFork_Child
+  std::string threads_hint;                 // who may have started the threads found
+  std::string exec_hint;                    // how to ask for the exec start method
+};
+
+// The server loop, in a process started as a fork server (SGPU_ROLE=fork-server, the
+// control socket at fd 3, the caller's lifeline at 4): never returns in the server, which
+// exits when its caller is gone; returns in each forked child, its descriptors, working
+// folder and signals set up, with the environment the rank must take on.
+std::vector<std::string> serve_forks(const ForkHooks& hooks);
 
 }  // namespace sgpu::launcher

@@ -25,6 +25,7 @@
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "launcher/failure_table.h"
+#include "launcher/fork_server.h"
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
 #include "launcher/process.h"
@@ -84,8 +85,8 @@ void check_options(const Options& options, bool runs_a_program) {
         "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
         "runs this binary again and starts there");
   }
-  if (started_as_rank()) {
-    throw ConfigError("sgpu::distributed was called inside a rank; nested calls are not supported");
+  if (started_as_rank() || started_as("worker")) {
+    throw ConfigError("a distributed call was made inside a rank; nested calls are not supported");
   }
 }
 
@@ -134,6 +135,10 @@ std::filesystem::path make_run_dir(const Options& options) {
   return dir;
 }
 
+// What a call's ranks run: the caller's function (this binary), a program (sgpu run), or
+// a worker program that speaks the record protocol (WorkerCall).
+enum class CallKind { kFunction, kProgram, kWorker };
+
 struct RankSlot {
   int rank = 0;
   int device_index = 0;
@@ -149,13 +154,15 @@ struct RankSlot {
 
 class CallImpl final : public detail::Call {
  public:
-  CallImpl(Options options, serialize::CallRecord record, std::vector<std::string> command,
-           std::string backend_name, std::vector<std::string> backend_env,
-           backend::Selection selection, std::filesystem::path run_dir,
-           std::unique_ptr<tracking::CallRun> tracking)
-      : options_(std::move(options)),
+  CallImpl(CallKind kind, Options options, serialize::CallRecord record,
+           std::vector<std::string> command, ConsoleSink console, std::string backend_name,
+           std::vector<std::string> backend_env, backend::Selection selection,
+           std::filesystem::path run_dir, std::unique_ptr<tracking::CallRun> tracking)
+      : kind_(kind),
+        options_(std::move(options)),
         record_(std::move(record)),
         command_(std::move(command)),
+        console_(std::move(console)),
         backend_name_(std::move(backend_name)),
         backend_env_(std::move(backend_env)),
         selection_(std::move(selection)),
@@ -171,8 +178,11 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  void start(StartMethod method) {
-    starter_ = make_starter(method);
+  void start(StartMethod method, bool catch_signals, const std::vector<std::string>& fork_server) {
+    catch_signals_ = catch_signals;
+    starter_ = kind_ == CallKind::kWorker && method == StartMethod::kForkServer
+                   ? make_fork_server_starter(fork_server)
+                   : make_starter(method);
     store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });
   }
@@ -223,7 +233,7 @@ class CallImpl final : public detail::Call {
            " ranks of " + function_label() + " failed";
   }
   std::string function_label() const {
-    if (!command_.empty()) return command_.front();
+    if (kind_ == CallKind::kProgram) return command_.front();
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
   }
 
@@ -240,7 +250,9 @@ class CallImpl final : public detail::Call {
     rank.node_rank = 0;
     rank.master_addr = store_->host();
     rank.master_port = store_->port();
-    rank.role = command_.empty() ? "rank" : "program";
+    rank.role = kind_ == CallKind::kFunction  ? "rank"
+                : kind_ == CallKind::kProgram ? "program"
+                                              : "worker";
     rank.call_file = contract::RunFolder{run_dir_}.call();
     rank.rank_dir = slot.folder.dir;
     rank.device_index = slot.device_index;
@@ -298,19 +310,30 @@ class CallImpl final : public detail::Call {
       Pipe out = make_pipe();
       Pipe err = make_pipe();
       SpawnRequest request;
-      request.program = "/proc/self/exe";
       // A program's ranks start as this binary in the program role, which arms the
-      // parent-death signal and then becomes the program (launcher/rank_main.h).
-      request.argv = command_.empty() ? program_args() : command_;
+      // parent-death signal and then becomes the program (launcher/rank_main.h); a
+      // worker's are the worker program, which does that itself.
+      request.program = kind_ == CallKind::kWorker ? command_.front() : "/proc/self/exe";
+      request.argv = kind_ == CallKind::kFunction ? program_args() : command_;
       request.env = rank_env(slot);
       request.stdout_fd = out.write.get();
       request.stderr_fd = err.write.get();
       slot.pid = starter_->start(request);
       const bool console = shows_on_console(rank);
-      slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
-                                             console ? STDOUT_FILENO : -1);
-      slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.folder.stderr_log(),
-                                             console ? STDERR_FILENO : -1);
+      if (console && console_) {
+        const auto to = [this](int stream) {
+          return [this, stream](std::string_view line) { console_(stream, line); };
+        };
+        slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
+                                               to(STDOUT_FILENO));
+        slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.folder.stderr_log(),
+                                               to(STDERR_FILENO));
+      } else {
+        slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
+                                               console ? STDOUT_FILENO : -1);
+        slot.err = std::make_unique<LogStream>(std::move(err.read), rank, slot.folder.stderr_log(),
+                                               console ? STDERR_FILENO : -1);
+      }
     }
   }
 
@@ -323,7 +346,7 @@ class CallImpl final : public detail::Call {
 
   // A rank that exits on its own is a failure unless it exited 0 with its result written.
   bool exited_ok(const RankSlot& slot) const {
-    if (!command_.empty()) return slot.exit->exit_code == 0;
+    if (kind_ == CallKind::kProgram) return slot.exit->exit_code == 0;
     return slot.exit->exit_code == 0 && std::filesystem::exists(slot.folder.result());
   }
 
@@ -367,7 +390,8 @@ class CallImpl final : public detail::Call {
   }
 
   void monitor() {
-    InterruptScope interrupts;
+    std::optional<InterruptScope> interrupts;
+    if (catch_signals_) interrupts.emplace();
     Outcome outcome = Outcome::kRunning;
     std::string start_error;
     std::string cancel_reason;
@@ -531,7 +555,7 @@ class CallImpl final : public detail::Call {
     std::vector<RankFailure> rows;
     for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
 
-    if (outcome == Outcome::kSucceeded && !command_.empty()) {
+    if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
       results.assign(slots_.size(), std::string());
     } else if (outcome == Outcome::kSucceeded) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
@@ -589,9 +613,12 @@ class CallImpl final : public detail::Call {
     finished_cv_.notify_all();
   }
 
+  const CallKind kind_;
   const Options options_;
   const serialize::CallRecord record_;
-  const std::vector<std::string> command_;  // a program's call: what each rank runs
+  const std::vector<std::string> command_;  // a program's or worker's call: what each rank runs
+  const ConsoleSink console_;
+  bool catch_signals_ = true;
   const std::string backend_name_;
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
@@ -615,20 +642,25 @@ class CallImpl final : public detail::Call {
   std::exception_ptr error_;
 };
 
-std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecord record,
-                                    std::vector<std::string> command) {
-  const bool runs_a_program = !command.empty();
+std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
+                                    serialize::CallRecord record, std::vector<std::string> command,
+                                    std::string payload = {}, ConsoleSink console = {},
+                                    bool catch_signals = true, std::string parent_run_id = {},
+                                    std::vector<std::string> fork_server = {}) {
+  const bool runs_a_program = kind != CallKind::kFunction;
   launcher::check_options(options, runs_a_program);
-  // The fork server forks this binary; a program's ranks are other binaries.
-  const StartMethod method =
-      runs_a_program ? StartMethod::kExec : launcher::resolve_start_method(options);
+  // The fork server forks this binary; a program's ranks are other binaries, and a
+  // worker's come from its own server when it has one.
+  const bool forks = kind == CallKind::kFunction || !fork_server.empty();
+  const StartMethod method = forks ? launcher::resolve_start_method(options) : StartMethod::kExec;
   const backend::Backend& chosen = backend::choose_backend(options);
   const backend::Inventory inventory = chosen.inventory(options);
   backend::Selection selection =
       backend::select_devices(inventory, options.gpus, options.gpu_type, chosen.name());
   std::vector<std::string> backend_env = chosen.rank_environment(options);
-  if (record.args.size() > options.max_payload_bytes) {
-    throw ConfigError("the arguments take " + std::to_string(record.args.size()) +
+  if (const std::size_t size = std::max(record.args.size(), payload.size());
+      size > options.max_payload_bytes) {
+    throw ConfigError("the arguments take " + std::to_string(size) +
                       " bytes serialized, over max_payload_bytes (" +
                       std::to_string(options.max_payload_bytes) +
                       "); raise the limit, or load large data inside the function");
@@ -643,11 +675,12 @@ std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecor
   run_request.timeout = options.timeout;
   run_request.backend = std::string(chosen.name());
   run_request.gpu_type = selection.gpu_type;
-  run_request.program = runs_a_program;
+  run_request.program = kind == CallKind::kProgram;
+  run_request.parent_run_id = std::move(parent_run_id);
   // The run's name: Options::name, else the function's plain name or the program's
   // (`python train.py` is train.py), never a signature; the function param keeps it all.
   run_request.run_name = options.name;
-  if (runs_a_program) {
+  if (kind == CallKind::kProgram) {
     for (const std::string& word : command) {
       run_request.function_name += (run_request.function_name.empty() ? "" : " ") + word;
     }
@@ -670,14 +703,18 @@ std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecor
   std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(run_request);
   try {
     const std::filesystem::path run_dir = launcher::make_run_dir(options);
-    if (!runs_a_program) {
+    if (kind == CallKind::kFunction) {
       serialize::write_record_file(contract::RunFolder{run_dir}.call(),
                                    serialize::RecordKind::kCall, serialize::to_bytes(record));
+    } else if (kind == CallKind::kWorker) {
+      serialize::write_record_file(contract::RunFolder{run_dir}.call(),
+                                   serialize::RecordKind::kWorkerCall, payload);
     }
     auto call = std::make_shared<launcher::CallImpl>(
-        options, std::move(record), std::move(command), std::string(chosen.name()),
-        std::move(backend_env), std::move(selection), run_dir, std::move(tracking));
-    call->start(method);
+        kind, options, std::move(record), std::move(command), std::move(console),
+        std::string(chosen.name()), std::move(backend_env), std::move(selection), run_dir,
+        std::move(tracking));
+    call->start(method, catch_signals, fork_server);
     return call;
   } catch (...) {
     if (tracking) tracking->end(tracking::RunStatus::kFailed, {});
@@ -688,14 +725,26 @@ std::shared_ptr<detail::Call> start(const Options& options, serialize::CallRecor
 }  // namespace
 
 std::shared_ptr<detail::Call> start_call(const Options& options, serialize::CallRecord record) {
-  return start(options, std::move(record), {});
+  return start(CallKind::kFunction, options, std::move(record), {});
 }
 
 std::shared_ptr<detail::Call> start_program(const Options& options,
                                             std::vector<std::string> command) {
   if (command.empty()) throw ConfigError("no program to run");
   check_runnable(command.front());
-  return start(options, serialize::CallRecord{}, std::move(command));
+  return start(CallKind::kProgram, options, serialize::CallRecord{}, std::move(command));
+}
+
+std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call) {
+  if (call.command.empty() || call.command.front().find('/') == std::string::npos) {
+    throw ConfigError("a worker call needs the path of the program every rank runs");
+  }
+  check_runnable(call.command.front());
+  serialize::CallRecord record;
+  record.function_name = std::move(call.function_name);
+  return start(CallKind::kWorker, options, std::move(record), std::move(call.command),
+               std::move(call.payload), std::move(call.console), call.catch_signals,
+               std::move(call.parent_run_id), std::move(call.fork_server));
 }
 
 }  // namespace sgpu::launcher

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,32 @@ std::shared_ptr<detail::Call> start_call(const Options& options, serialize::Call
 // rank exiting 0.
 std::shared_ptr<detail::Call> start_program(const Options& options,
                                             std::vector<std::string> command);
+
+// Where a rank's console lines go instead of the caller's fds 1 and 2: `stream` is 1 or
+// 2, `line` is one whole line with its "[rank N] " prefix and newline. Called from the
+// call's monitor thread, one line at a time.
+using ConsoleSink = std::function<void(int stream, std::string_view line)>;
+
+// A call whose ranks are a program that speaks the record protocol, as the Python worker
+// (python -m sgpu._worker) does: each rank reads `payload` from the staged call.bin
+// (SGPU_CALL_FILE, a kWorkerCall record) and writes rank-<N>/result.bin or error.json
+// (and exception.bin) as a function's rank does; success is every rank exiting 0 with its
+// result written, and wait() returns the result records' payloads.
+struct WorkerCall {
+  std::vector<std::string> command;  // command[0]: the program's path
+  std::string payload;               // checked against Options::max_payload_bytes
+  std::string function_name;         // the function's qualified name, for the run and errors
+  ConsoleSink console;               // unset: the caller's fds 1 and 2
+  // false: SIGINT and SIGTERM are left to the caller (Python turns SIGINT into
+  // KeyboardInterrupt, and its handle cancels the call then); true: as a function's call
+  // (launcher/interrupt.h).
+  bool catch_signals = true;
+  std::string parent_run_id;  // the call's run is nested under this one (tracking::CallRunRequest)
+  // The worker's fork server (its path, then its whole argv: launcher/fork_server.h), used unless
+  // the start method is exec; empty: every rank is exec'd.
+  std::vector<std::string> fork_server;
+};
+std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call);
 
 // Where calls' run folders go: Options::runs_dir, else SGPU_RUNS_DIR, else
 // $TMPDIR/sgpu-<uid>/runs.

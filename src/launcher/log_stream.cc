@@ -33,6 +33,11 @@ LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& fil
   ::fcntl(source_.get(), F_SETFL, ::fcntl(source_.get(), F_GETFL) | O_NONBLOCK);
 }
 
+LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& file, Sink sink)
+    : LogStream(std::move(source), rank, file, -1) {
+  sink_ = std::move(sink);
+}
+
 void LogStream::pump() {
   char buffer[16384];
   while (source_) {
@@ -71,10 +76,14 @@ void LogStream::close() {
 void LogStream::emit(std::string_view line) {
   tail_.emplace_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
-  if (console_fd_ < 0) return;
+  if (console_fd_ < 0 && !sink_) return;
   std::string out;
   out.reserve(prefix_.size() + line.size() + 1);
   out.append(prefix_).append(line).push_back('\n');
+  if (sink_) {
+    sink_(out);
+    return;
+  }
   std::lock_guard lock(console_mutex());
   write_all(console_fd_, out);
 }

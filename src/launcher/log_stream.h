@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "launcher/process.h"
 
@@ -20,8 +22,14 @@ class LogStream {
   static constexpr std::size_t kMaxLine = 64 * 1024;
   static constexpr std::size_t kTailLines = 20;
 
+  // Takes each whole console line ("[rank N] " prefix and newline included).
+  using Sink = std::function<void(std::string_view)>;
+
   // console_fd < 0: the file only.
   LogStream(UniqueFd source, int rank, const std::filesystem::path& file, int console_fd);
+  // Console lines go to `sink` (a caller's own output, such as Python's sys.stdout), each
+  // in one call, outside the console lock.
+  LogStream(UniqueFd source, int rank, const std::filesystem::path& file, Sink sink);
 
   int fd() const { return source_.get(); }
   bool open() const { return static_cast<bool>(source_); }
@@ -38,6 +46,7 @@ class LogStream {
   UniqueFd source_;
   UniqueFd file_;
   int console_fd_;
+  Sink sink_;
   std::string prefix_;
   std::string pending_;
   std::deque<std::string> tail_;

@@ -176,6 +176,15 @@ void run_program(char** argv) {
   ::_exit(127);
 }
 
+void enter_worker_rank() {
+  install_guards();
+  install_terminate_flush();
+  contract::arm_abrupt_end(
+      contract::RankFolder{contract::read_rank_environment().rank_dir}.abrupt_end());
+}
+
+void end_worker_rank(int code) { end_rank(code); }
+
 void run_rank() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_guards();

@@ -9,6 +9,14 @@ namespace sgpu::launcher {
 
 [[noreturn]] void run_rank();
 
+// A worker rank's side (launcher.h, WorkerCall), for the worker program to call first:
+// the same guards a function's rank has (the lifeline, the parent-death signal, crash
+// backtraces on stderr, the rank logger's flush on SIGTERM, NOTE [Abrupt ends]).
+void enter_worker_rank();
+// Ends a worker rank as a function's rank ends: the rank logger closed, output flushed,
+// _exit(code).
+[[noreturn]] void end_worker_rank(int code);
+
 // A program's rank (sgpu run): arms the parent-death signal, leaves the rank variables
 // and drops sgpu's own, then becomes the program named by argv (found on PATH).
 [[noreturn]] void run_program(char** argv);

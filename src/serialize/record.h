@@ -15,7 +15,10 @@
 
 namespace sgpu::serialize {
 
-enum class RecordKind : std::uint32_t { kCall = 1, kResult = 2 };
+// kCall: a function's staged CallRecord; kResult: a rank's return value; kWorkerCall: a
+// worker program's staged payload; kException: the exception a worker rank raised, as
+// the worker encodes it (launcher/launcher.h, WorkerCall).
+enum class RecordKind : std::uint32_t { kCall = 1, kResult = 2, kWorkerCall = 3, kException = 4 };
 
 inline constexpr std::size_t kRecordHeaderSize = 32;
 

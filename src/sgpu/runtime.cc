@@ -22,7 +22,8 @@ void init(int argc, char** argv) {
   if (launcher::started_as_fork_server()) launcher::run_fork_server();
 }
 
-bool is_rank() { return launcher::started_as_rank(); }
+// A function's rank, or a worker's (a Python rank: launcher.h, WorkerCall).
+bool is_rank() { return launcher::started_as_rank() || launcher::started_as("worker"); }
 
 // Outside a rank, the caller is rank 0 of a world of one on the CPU. Each reads its own
 // variable only: user code may call these every step.

@@ -3,7 +3,7 @@
 #include <exception>
 #include <iostream>
 
-#include "launcher/program.h"
+#include "sgpu/runtime.h"
 #include "tracking/active_run.h"
 #include "tracking/call_run.h"
 #include "tracking/rank_logger.h"
@@ -15,7 +15,7 @@ namespace {
 // The logger this process's logging calls go to: the rank's, or the caller's innermost
 // Run's; nullptr when there is none (then logging does nothing).
 std::shared_ptr<tracking::RunLogger> current_logger() {
-  if (launcher::started_as_rank()) {
+  if (is_rank()) {
     // The rank's logger is made once and lives until the process ends; the shared_ptr,
     // made once too, does not own it.
     static const std::shared_ptr<tracking::RunLogger> rank = [] {

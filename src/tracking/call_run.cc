@@ -46,7 +46,8 @@ CallRun::CallRun(std::unique_ptr<Store> store, RunInfo info)
 
 std::optional<OpenedRun> open_run(const std::string& uri_option,
                                   const std::string& experiment_option, const std::string& run_name,
-                                  std::vector<Tag> tags, const Batch& params) {
+                                  std::vector<Tag> tags, const Batch& params,
+                                  const std::string& parent_run_id) {
   const std::optional<ActiveRun> scope = innermost_active_run();
   const std::string uri = !uri_option.empty() ? uri_option
                           : scope             ? scope->uri
@@ -54,7 +55,9 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
   std::unique_ptr<Store> store = open_store(uri);  // a bad scheme is the user's to fix
   std::string parent;
   std::string parent_experiment;
-  if (scope) {
+  if (!parent_run_id.empty()) {
+    parent = parent_run_id;
+  } else if (scope) {
     parent = scope->run_id;
     parent_experiment = scope->experiment_id;
   } else if (std::string id = env_or_empty("MLFLOW_RUN_ID"); !id.empty()) {
@@ -113,7 +116,7 @@ std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
                !request.run_name.empty()       ? request.run_name
                : request.function_name.empty() ? "sgpu call"
                                                : request.function_name,
-               tags, params);
+               tags, params, request.parent_run_id);
   if (!opened) return nullptr;
   return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
 }

@@ -39,6 +39,9 @@ struct CallRunRequest {
   std::string gpu_type;
   std::string sim_node;  // empty off sim
   bool program = false;  // `sgpu run`: the function is a command
+  // The run this call's run is nested under, as its caller knows it (Python's
+  // mlflow.active_run()); empty: the caller's Run scope, else MLFLOW_RUN_ID, else none.
+  std::string parent_run_id;
 };
 
 class CallRun {
@@ -75,10 +78,12 @@ struct OpenedRun {
 
 // Creates a run as begin() does (store, experiment, parent, standard tags, the link on
 // stderr) with `tags` and `params` added. std::nullopt when the store cannot be reached
-// (said once on stderr); TrackingError for what can never work.
+// (said once on stderr); TrackingError for what can never work. The parent is
+// `parent_run_id`, else the innermost Run scope, else MLFLOW_RUN_ID.
 std::optional<OpenedRun> open_run(const std::string& uri_option,
                                   const std::string& experiment_option, const std::string& run_name,
-                                  std::vector<Tag> tags, const Batch& params);
+                                  std::vector<Tag> tags, const Batch& params,
+                                  const std::string& parent_run_id = {});
 
 // The variables a rank gets when its call is not tracked: SGPU_TRACKING=off.
 std::vector<std::pair<std::string, std::string>> untracked_rank_environment();
