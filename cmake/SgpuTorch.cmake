@@ -1,6 +1,10 @@
 # Finds libtorch inside the PyPI torch wheel, through torch.utils.cmake_prefix_path.
 # ci/setup installs the pinned wheel into /opt/sgpu/venv; SGPU_PYTHON or Torch_DIR override.
 if(NOT Torch_DIR)
+  if(NOT SGPU_PYTHON AND SKBUILD AND Python_EXECUTABLE)
+    # pip install .: the interpreter the package is built for.
+    set(SGPU_PYTHON ${Python_EXECUTABLE} CACHE FILEPATH "" FORCE)
+  endif()
   if(NOT SGPU_PYTHON)
     if(EXISTS /opt/sgpu/venv/bin/python)
       set(SGPU_PYTHON /opt/sgpu/venv/bin/python CACHE FILEPATH "" FORCE)
@@ -9,8 +13,12 @@ if(NOT Torch_DIR)
       set(SGPU_PYTHON ${_sgpu_python3} CACHE FILEPATH "" FORCE)
     endif()
   endif()
+  # Under pip's build isolation, PYTHONPATH names the build environment, which hides the
+  # interpreter's own packages; the torch to build against is the one the package will
+  # run with, so it is looked for without it.
   execute_process(
-    COMMAND ${SGPU_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
+            ${SGPU_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
     OUTPUT_VARIABLE _sgpu_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
     RESULT_VARIABLE _sgpu_torch_rc ERROR_QUIET)
   if(NOT _sgpu_torch_rc EQUAL 0)

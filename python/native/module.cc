@@ -1,0 +1,391 @@
+// sgpu._native: the C++ core as the Python package sees it (python/sgpu/).
+//
+// The caller's side starts a worker call (launcher::start_worker_call): every rank runs
+// `python -m sgpu._worker`, which reads the pickled function from the staged call and
+// writes its result or exception record through the rank-side functions below. Errors
+// the C++ core raises reach Python as sgpu.errors' classes, built by
+// sgpu.errors._from_native. Built with torch's own pybind11, so that c10d objects (the
+// store torch hands a backend's creator, the process group returned to it) cross
+// between this module and torch's.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "backend/backend_table.h"
+#include "backend/process_group_factory.h"
+#include "contract/front_end.h"
+#include "contract/rank_env.h"
+#include "contract/run_folder.h"
+#include "launcher/fork_server.h"
+#include "launcher/launcher.h"
+#include "launcher/rank_main.h"
+#include "serialize/error_record.h"
+#include "serialize/record.h"
+#include "sgpu/errors.h"
+#include "sgpu/options.h"
+#include "sgpu/tracking.h"
+
+namespace py = pybind11;
+
+namespace sgpu::python {
+namespace {
+
+std::chrono::milliseconds milliseconds_of(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+}
+
+// The decorator's keywords (already type-checked by sgpu._options) as sgpu::Options.
+Options options_from(const py::dict& given) {
+  Options options;
+  for (const auto& [key_handle, value] : given) {
+    const std::string key = py::cast<std::string>(key_handle);
+    if (key == "gpus") {
+      options.gpus = py::cast<int>(value);
+    } else if (key == "gpu_type") {
+      options.gpu_type = py::cast<std::string>(value);
+    } else if (key == "timeout") {
+      options.timeout =
+          value.is_none() ? kNoTimeout : Timeout(milliseconds_of(py::cast<double>(value)));
+    } else if (key == "backend") {
+      options.backend = py::cast<std::string>(value);
+    } else if (key == "sim_node") {
+      options.sim_node = py::cast<std::string>(value);
+    } else if (key == "sim_faults") {
+      options.sim_faults = py::cast<std::string>(value);
+    } else if (key == "runs_dir") {
+      options.runs_dir = py::cast<std::string>(value);
+    } else if (key == "keep_run_dir") {
+      options.keep_run_dir = py::cast<bool>(value);
+    } else if (key == "console_ranks") {
+      if (!value.is_none()) options.console_ranks = py::cast<std::vector<int>>(value);
+    } else if (key == "max_payload_bytes") {
+      options.max_payload_bytes = py::cast<std::size_t>(value);
+    } else if (key == "teardown_grace") {
+      options.teardown_grace = milliseconds_of(py::cast<double>(value));
+    } else if (key == "start_method") {
+      const auto method = py::cast<std::string>(value);
+      options.start_method = method == "exec"          ? StartMethod::kExec
+                             : method == "fork-server" ? StartMethod::kForkServer
+                                                       : StartMethod::kAuto;
+    } else if (key == "name") {
+      options.name = py::cast<std::string>(value);
+    } else if (key == "tracking") {
+      options.tracking = py::cast<bool>(value);
+    } else if (key == "tracking_uri") {
+      options.tracking_uri = py::cast<std::string>(value);
+    } else if (key == "experiment") {
+      options.experiment = py::cast<std::string>(value);
+    } else {
+      throw ConfigError("unknown option " + key);
+    }
+  }
+  return options;
+}
+
+// "exit_code" for RankFailure::Kind::kExitCode: to_string's words, joined as Python's.
+std::string kind_name(RankFailure::Kind kind) {
+  std::string name = to_string(kind);
+  std::replace(name.begin(), name.end(), ' ', '_');
+  return name;
+}
+
+py::dict row_of(const RankFailure& row) {
+  py::dict d;
+  d["rank"] = row.rank;
+  d["local_rank"] = row.local_rank;
+  d["pid"] = static_cast<long>(row.pid);
+  d["kind"] = kind_name(row.kind);
+  d["exit_code"] = row.exit_code ? py::object(py::int_(*row.exit_code)) : py::object(py::none());
+  d["signal"] = row.signal ? py::object(py::int_(*row.signal)) : py::object(py::none());
+  d["exception_type"] = row.exception_type;
+  d["message"] = row.message;
+  d["stderr_tail"] = row.stderr_tail;
+  d["time"] = std::chrono::duration<double>(row.time.time_since_epoch()).count();
+  d["root_cause"] = row.root_cause;
+  d["description"] = row.describe();
+  return d;
+}
+
+// Raises sgpu.errors' class for the C++ error being handled.
+void raise_as_python(const char* kind, const std::string& message, py::list rows = py::list(),
+                     const std::string& run_dir = {}) {
+  py::object errors = py::module_::import("sgpu.errors");
+  py::object error = errors.attr("_from_native")(kind, message, rows, run_dir);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+}
+
+void translate(std::exception_ptr pending) {
+  try {
+    std::rethrow_exception(pending);
+  } catch (const DistributedError& e) {
+    py::list rows;
+    for (const RankFailure& row : e.ranks()) rows.append(row_of(row));
+    const char* kind = dynamic_cast<const TimeoutError*>(&e) != nullptr     ? "timeout"
+                       : dynamic_cast<const CancelledError*>(&e) != nullptr ? "cancelled"
+                                                                            : "distributed";
+    raise_as_python(kind, e.what(), rows, e.run_dir().string());
+  } catch (const ConfigError& e) {
+    raise_as_python("config", e.what());
+  } catch (const AcceleratorMismatchError& e) {
+    raise_as_python("mismatch", e.what());
+  } catch (const TrackingError& e) {
+    raise_as_python("tracking", e.what());
+  } catch (const serialize::RecordTooLarge& e) {
+    raise_as_python("too_large", e.what());
+  } catch (const serialize::RecordError& e) {
+    raise_as_python("record", e.what());
+  } catch (const Error& e) {
+    raise_as_python("error", e.what());
+  }
+}
+
+bool is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// A call in flight, as sgpu.Handle holds it.
+class PyCall {
+ public:
+  explicit PyCall(std::shared_ptr<detail::Call> call) : call_(std::move(call)) {}
+
+  // True when the call ended within `seconds`; the GIL is free meanwhile.
+  bool wait_for(double seconds) {
+    py::gil_scoped_release release;
+    return call_->wait_for(milliseconds_of(std::max(seconds, 0.0)));
+  }
+  // Each rank's result record, in rank order; raises the call's error.
+  std::vector<py::bytes> results() {
+    const std::vector<std::string>* results = nullptr;
+    {
+      py::gil_scoped_release release;
+      results = &call_->wait();
+    }
+    std::vector<py::bytes> out;
+    out.reserve(results->size());
+    for (const std::string& result : *results) out.emplace_back(result);
+    return out;
+  }
+  void cancel() { call_->cancel(); }
+  std::string run_dir() const { return call_->run_dir().string(); }
+  std::string gpu_type() const { return call_->gpu_type(); }
+  std::string tracking_link() const { return call_->tracking_link(); }
+  void results_taken() { call_->results_taken(); }
+  void raise_bad_result(int rank, const std::string& why) { call_->raise_bad_result(rank, why); }
+
+  // The monitor thread may need the GIL for the console sink: its end is never waited
+  // for with the GIL held.
+  ~PyCall() {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      call_.reset();
+    }
+  }
+
+ private:
+  std::shared_ptr<detail::Call> call_;
+};
+
+std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> command,
+                              const py::bytes& payload, std::string function_name,
+                              std::optional<py::function> console, std::string parent_run_id,
+                              std::vector<std::string> fork_server) {
+  contract::set_front_end(contract::FrontEnd::kPython);
+  launcher::WorkerCall call;
+  call.command = std::move(command);
+  call.payload = payload;
+  call.function_name = std::move(function_name);
+  call.catch_signals = false;  // KeyboardInterrupt reaches sgpu.Handle, which cancels
+  call.parent_run_id = std::move(parent_run_id);
+  if (!fork_server.empty()) {  // the program's path, then its whole argv
+    call.fork_server.push_back(fork_server.front());
+    call.fork_server.insert(call.fork_server.end(), fork_server.begin(), fork_server.end());
+  }
+  if (console) {
+    // Shared so that the sink, copied into the monitor thread, drops its reference to the
+    // Python callable only while holding the GIL.
+    auto target =
+        std::shared_ptr<py::function>(new py::function(std::move(*console)), [](py::function* f) {
+          py::gil_scoped_acquire gil;
+          delete f;
+        });
+    call.console = [target](int stream, std::string_view line) {
+      if (is_finalizing()) return;
+      py::gil_scoped_acquire gil;
+      try {
+        (*target)(stream, py::str(line.data(), line.size()));
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("sgpu: writing a rank's output");
+      }
+    };
+  }
+  const Options parsed = options_from(options);
+  std::shared_ptr<detail::Call> started;
+  {
+    py::gil_scoped_release release;
+    started = launcher::start_worker_call(parsed, std::move(call));
+  }
+  return std::make_shared<PyCall>(std::move(started));
+}
+
+// The Python fork server (python -m sgpu._fork_server): serves until its caller is gone;
+// returns only in each forked rank, with the rank's environment.
+std::vector<std::string> serve_forks() {
+  launcher::ForkHooks hooks;
+  hooks.before_fork = [] { PyOS_BeforeFork(); };
+  hooks.after_fork_parent = [] { PyOS_AfterFork_Parent(); };
+  hooks.after_fork_child = [] { PyOS_AfterFork_Child(); };
+  hooks.threads_hint = "a module the server imported started them";
+  hooks.exec_hint = "Pass start_method=\"exec\", or set SGPU_START_METHOD=exec";
+  return launcher::serve_forks(hooks);
+}
+
+// The rank's side.
+
+contract::RankFolder rank_folder() { return {contract::read_rank_environment().rank_dir}; }
+
+py::bytes read_call() {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  return py::bytes(serialize::read_record_file(env.call_file, serialize::RecordKind::kWorkerCall,
+                                               std::size_t{1} << 40));
+}
+
+void bind_device() {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  backend::find_backend(env.backend).bind(env.device_index);
+}
+
+void write_result(const py::bytes& result, std::size_t limit) {
+  const std::string_view bytes = result;
+  if (bytes.size() > limit) throw serialize::RecordTooLarge(bytes.size(), limit);
+  serialize::write_record_file(rank_folder().result(), serialize::RecordKind::kResult, bytes);
+}
+
+void write_error(std::string type, std::string message, std::vector<std::string> traceback,
+                 std::optional<py::bytes> exception) {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  const contract::RankFolder folder{env.rank_dir};
+  if (exception) {
+    // Written first: the launcher reads the record as the sign that the rank failed.
+    serialize::write_record_file(folder.exception(), serialize::RecordKind::kException,
+                                 std::string_view(*exception));
+  }
+  serialize::ErrorRecord record;
+  record.type = std::move(type);
+  record.message = std::move(message);
+  record.rank = env.rank;
+  record.time = std::chrono::system_clock::now();
+  record.backtrace = std::move(traceback);
+  serialize::write_error_record(folder.error(), record);
+}
+
+py::object read_exception(const std::string& rank_dir, std::size_t limit) {
+  const contract::RankFolder folder{rank_dir};
+  std::error_code ec;
+  if (!std::filesystem::exists(folder.exception(), ec)) return py::none();
+  return py::bytes(
+      serialize::read_record_file(folder.exception(), serialize::RecordKind::kException, limit));
+}
+
+py::object read_error(const std::string& rank_dir) {
+  const auto record = serialize::read_error_record(contract::RankFolder{rank_dir}.error());
+  if (!record) return py::none();
+  py::dict d;
+  d["type"] = record->type;
+  d["message"] = record->message;
+  d["rank"] = record->rank;
+  d["traceback"] = record->backtrace;
+  return d;
+}
+
+// torch.distributed's creator for the "sgpu" backend: the process group the backend of
+// the call makes for C++ ranks too (Gloo with the fault plan on sim, NCCL on cuda), over
+// the store torch rendezvoused with.
+c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size, double timeout_seconds) {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  if (env.backend.empty()) {
+    throw Error(
+        "the \"sgpu\" process-group backend is for ranks that sgpu started; outside one, use "
+        "\"gloo\" or \"nccl\"");
+  }
+  backend::ProcessGroupRequest request;
+  request.store = store;
+  request.rank = rank;
+  request.world_size = size;
+  request.device_index = env.device_index;
+  request.timeout = milliseconds_of(timeout_seconds);
+  py::gil_scoped_release release;
+  return backend::find_backend(env.backend).process_groups().make(request);
+}
+
+}  // namespace
+}  // namespace sgpu::python
+
+PYBIND11_MODULE(_native, m) {
+  using namespace sgpu::python;
+  m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
+  py::register_exception_translator(translate);
+
+  py::class_<PyCall, std::shared_ptr<PyCall>>(m, "Call")
+      .def("wait_for", &PyCall::wait_for, py::arg("seconds"))
+      .def("results", &PyCall::results)
+      .def("cancel", &PyCall::cancel)
+      .def("results_taken", &PyCall::results_taken)
+      .def("raise_bad_result", &PyCall::raise_bad_result)
+      .def_property_readonly("run_dir", &PyCall::run_dir)
+      .def_property_readonly("gpu_type", &PyCall::gpu_type)
+      .def_property_readonly("tracking_link", &PyCall::tracking_link);
+  m.def("start", &start, py::arg("options"), py::arg("command"), py::arg("payload"),
+        py::arg("function_name"), py::arg("console") = py::none(),
+        py::arg("parent_run_id") = std::string(),
+        py::arg("fork_server") = std::vector<std::string>());
+  m.def("serve_forks", &serve_forks);
+  m.def("fork_server_pid", [](const std::vector<std::string>& command) {
+    return static_cast<long>(sgpu::launcher::fork_server_pid(command));
+  });
+
+  m.def("enter_rank", &sgpu::launcher::enter_worker_rank);
+  m.def("end_rank", [](int code) {
+    py::gil_scoped_release release;
+    sgpu::launcher::end_worker_rank(code);
+  });
+  m.def("read_call", &read_call);
+  m.def("bind_device", &bind_device);
+  m.def("write_result", &write_result, py::arg("result"), py::arg("limit"));
+  m.def("write_error", &write_error, py::arg("type"), py::arg("message"), py::arg("traceback"),
+        py::arg("exception") = py::none());
+  m.def("read_exception", &read_exception, py::arg("rank_dir"), py::arg("limit"));
+  m.def("read_error", &read_error, py::arg("rank_dir"));
+  m.def("make_process_group", &make_process_group, py::arg("store"), py::arg("rank"),
+        py::arg("size"), py::arg("timeout_seconds"));
+
+  m.def(
+      "log_metric",
+      [](const std::string& key, double value, std::int64_t step) {
+        sgpu::log_metric(key, value, step);
+      },
+      py::arg("key"), py::arg("value"), py::arg("step") = 0);
+  m.def("log_param",
+        [](const std::string& key, const std::string& value) { sgpu::log_param(key, value); });
+  m.def("set_tag",
+        [](const std::string& key, const std::string& value) { sgpu::set_tag(key, value); });
+  m.def("flush_tracking", [] {
+    py::gil_scoped_release release;
+    return sgpu::flush_tracking();
+  });
+}

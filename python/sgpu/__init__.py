@@ -1,0 +1,88 @@
+"""sgpu: run a function on every GPU of a node, real (cuda) or simulated (sim).
+
+    import sgpu
+    from sgpu import distributed
+
+    @distributed(gpus=8, gpu_type="H100")
+    def train(epochs):
+        import torch.distributed as dist
+        dist.init_process_group("sgpu")        # NCCL on cuda, the simulated transport on sim
+        device = sgpu.device()
+        ...
+        return sgpu.get_global_rank()
+
+    train.distributed(3)                       # [0, 1, ..., 7]
+
+Each call is an MLflow run; inside the function, mlflow.log_metric and sgpu.log_metric
+land in it. See the README's "Python" section.
+"""
+
+# The extension module is built into build/python/sgpu/, beside a copy of these sources;
+# a development checkout may also put python/ itself on the path: both halves are found.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+from sgpu._decorator import DistributedFunction, Handle, distributed  # noqa: E402
+from sgpu._runtime import (  # noqa: E402
+    device,
+    flush_tracking,
+    get_global_rank,
+    get_local_rank,
+    get_local_world_size,
+    get_node_rank,
+    get_world_size,
+    global_rank,
+    is_rank,
+    local_rank,
+    local_world_size,
+    log_metric,
+    log_metrics,
+    log_param,
+    node_rank,
+    register_backend,
+    set_tag,
+    world_size,
+)
+from sgpu.errors import (  # noqa: E402
+    AcceleratorMismatchError,
+    CancelledError,
+    ConfigError,
+    DistributedError,
+    Error,
+    RankFailure,
+    TimeoutError,
+    TrackingError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceleratorMismatchError",
+    "CancelledError",
+    "ConfigError",
+    "DistributedError",
+    "DistributedFunction",
+    "Error",
+    "Handle",
+    "RankFailure",
+    "TimeoutError",
+    "TrackingError",
+    "device",
+    "distributed",
+    "flush_tracking",
+    "get_global_rank",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_node_rank",
+    "get_world_size",
+    "global_rank",
+    "is_rank",
+    "local_rank",
+    "local_world_size",
+    "log_metric",
+    "log_metrics",
+    "log_param",
+    "node_rank",
+    "register_backend",
+    "set_tag",
+    "world_size",
+]

@@ -1,0 +1,333 @@
+"""@sgpu.distributed: run a function on every GPU of the node and gather what each rank
+returns, through the C++ launcher (python/native/module.cc, src/launcher/).
+
+    @distributed(gpus=8, gpu_type="H100")
+    def train(epochs):
+        ...
+        return sgpu.get_global_rank()
+
+    train.distributed(3)          # [0, 1, ..., 7], in rank order
+    handle = train.launch(3)      # handle.result(), .cancel(), .done(), .run_dir
+    train(3)                      # a plain call, here in this process
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+import pickle
+import sys
+import time
+import types
+from typing import Any, Callable, Optional
+
+from sgpu import errors
+
+DEFAULT_TIMEOUT = 3 * 60 * 60.0  # seconds: three hours, as in C++
+_UNSET = object()
+
+# keyword: (accepted types, what it must be)
+_OPTION_TYPES = {
+    "gpus": (int, "a positive int"),
+    "gpu_type": (str, 'a GPU type such as "H100"'),
+    "timeout": ((int, float, type(None)), "seconds (a positive number), or None for no deadline"),
+    "backend": (str, '"auto", "cuda" or "sim"'),
+    "sim_node": (str, 'a node spec such as "8xH100"'),
+    "sim_faults": (str, 'a fault plan such as "rank=1:segv@collective=3"'),
+    "runs_dir": (str, "a folder"),
+    "keep_run_dir": (bool, "True or False"),
+    "console_ranks": ((list, tuple, type(None)), "a list of ranks, or None for all"),
+    "max_payload_bytes": (int, "a positive int"),
+    "teardown_grace": ((int, float), "seconds (not negative)"),
+    "start_method": (str, '"auto", "fork-server" or "exec"'),
+    "name": (str, "a name"),
+    "tracking": (bool, "True or False"),
+    "tracking_uri": (str, "an MLflow tracking URI"),
+    "experiment": (str, "an experiment name"),
+}
+
+
+def _check_options(options: dict) -> dict:
+    checked = {}
+    for key, value in options.items():
+        if key not in _OPTION_TYPES:
+            known = ", ".join(_OPTION_TYPES)
+            raise errors.ConfigError(f"unknown option {key}=...; the options are {known}")
+        kinds, what = _OPTION_TYPES[key]
+        if isinstance(value, bool) and kinds in (int, (int, float)):
+            raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
+        if not isinstance(value, kinds):
+            raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
+        checked[key] = value
+    if "gpus" in checked and checked["gpus"] < 1:
+        raise errors.ConfigError(f"gpus must be at least 1, got {checked['gpus']}")
+    timeout = checked.get("timeout", DEFAULT_TIMEOUT)
+    if timeout is not None and not timeout > 0:
+        raise errors.ConfigError(
+            f"timeout must be positive seconds, got {timeout!r}; use timeout=None for no deadline"
+        )
+    checked["timeout"] = timeout
+    if "max_payload_bytes" in checked and checked["max_payload_bytes"] < 1:
+        raise errors.ConfigError("max_payload_bytes must be positive")
+    if checked.get("teardown_grace", 0) < 0:
+        raise errors.ConfigError("teardown_grace must not be negative")
+    if checked.get("start_method", "auto") not in ("auto", "fork-server", "exec"):
+        raise errors.ConfigError(
+            f'start_method must be "auto", "fork-server" or "exec", got {checked["start_method"]!r}'
+        )
+    if checked.get("console_ranks") is not None:
+        ranks = list(checked["console_ranks"])
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise errors.ConfigError(f"console_ranks must be a list of ints, got {ranks!r}")
+        checked["console_ranks"] = ranks
+    if "runs_dir" in checked:
+        checked["runs_dir"] = str(checked["runs_dir"])
+    return checked
+
+
+def _largest_captures(function: Callable, args: tuple, kwargs: dict, count: int = 3) -> str:
+    """The largest objects a call carries (arguments, closure cells, globals the function
+    names), largest first, as 'name (N bytes)'."""
+    import cloudpickle
+
+    candidates: dict[str, Any] = {}
+    for index, value in enumerate(args):
+        candidates[f"argument {index}"] = value
+    for key, value in kwargs.items():
+        candidates[f"argument {key}"] = value
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+            try:
+                candidates[f"captured {name}"] = cell.cell_contents
+            except ValueError:
+                pass
+        names = set()
+        stack = [code]
+        while stack:
+            current = stack.pop()
+            names.update(current.co_names)
+            stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+        for name in names:
+            value = function.__globals__.get(name, _UNSET)
+            if value is not _UNSET and not isinstance(value, types.ModuleType):
+                candidates[f"global {name}"] = value
+    sizes = []
+    for label, value in candidates.items():
+        try:
+            sizes.append((len(cloudpickle.dumps(value)), label))
+        except Exception:
+            continue
+    sizes.sort(reverse=True)
+    return ", ".join(f"{label} ({size:,} bytes)" for size, label in sizes[:count])
+
+
+def _console(stream: int, line: str) -> None:
+    out = sys.stdout if stream == 1 else sys.stderr
+    try:
+        out.write(line)
+        out.flush()
+    except Exception:  # a closed console must not stop the call
+        pass
+
+
+def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> BaseException:
+    """The root-cause rank's own exception, unpickled, with `error` as its cause; else
+    `error`. The rank's traceback goes into the error's message and its row."""
+    from sgpu import _native
+
+    root = error.root_cause
+    if root is None or root.kind != "exception":
+        return error
+    rank_dir = f"{error.run_dir}/rank-{root.rank}"
+    record = _native.read_error(rank_dir)
+    remote = "".join(record["traceback"]) if record else ""
+    if remote:  # said in the message unless its stderr tail showed it already
+        rows = [
+            type(row)(**{**row.__dict__, "traceback": remote}) if row.rank == root.rank else row
+            for row in error.ranks
+        ]
+        message = str(error)
+        if remote.rstrip() not in root.stderr_tail:
+            message += f"\n\nrank {root.rank}'s traceback:\n{remote.rstrip()}"
+        error = type(error)(message, rows, error.run_dir)
+    try:
+        pickled = _native.read_exception(rank_dir, max_bytes)
+        original = pickle.loads(pickled) if pickled is not None else None
+    except Exception:
+        original = None
+    if not isinstance(original, BaseException):
+        return error
+    original.__cause__ = error
+    return original
+
+
+def fork_server_command() -> list:
+    """The Python fork server for this interpreter (sgpu/_fork_server.py): it preloads torch
+    and the modules SGPU_FORK_SERVER_PRELOAD names (comma-separated)."""
+    preload = ",".join(["torch"] + [m for m in os.environ.get("SGPU_FORK_SERVER_PRELOAD", "").split(",") if m])
+    return [sys.executable, "-m", "sgpu._fork_server", preload]
+
+
+class Handle:
+    """A call in flight (DistributedFunction.launch). Thread-safe."""
+
+    def __init__(self, call, name: str, max_bytes: int):
+        self._call = call
+        self._name = name
+        self._max_bytes = max_bytes
+        self._outcome: Optional[tuple] = None  # ("ok", results) or ("error", exception)
+
+    @property
+    def run_dir(self) -> str:
+        """The call's run folder (kept after a failure, or with keep_run_dir=True)."""
+        return self._call.run_dir
+
+    @property
+    def gpu_type(self) -> str:
+        return self._call.gpu_type
+
+    @property
+    def tracking_link(self) -> str:
+        """Where the call's MLflow run is shown; empty when untracked."""
+        return self._call.tracking_link
+
+    def done(self) -> bool:
+        return self._outcome is not None or self._call.wait_for(0)
+
+    def cancel(self) -> None:
+        """Tears the ranks down; result() then raises sgpu.CancelledError. No-op once done."""
+        self._call.cancel()
+
+    def result(self, timeout: Optional[float] = None) -> list:
+        """Each rank's return value, in rank order. Raises the root-cause rank's exception
+        (from a DistributedError), or DistributedError, sgpu.TimeoutError, CancelledError;
+        the builtin TimeoutError when `timeout` seconds pass first (the call keeps running).
+        KeyboardInterrupt while waiting cancels the call and is raised once it is down."""
+        if self._outcome is None:
+            self._wait(timeout)
+            self._settle()
+        kind, value = self._outcome
+        if kind == "error":
+            raise value
+        return value
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._call.wait_for(0.1):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"{self._name} is still running after {timeout} s; "
+                        "call result() again, or cancel()"
+                    )
+        except KeyboardInterrupt:
+            self._call.cancel()
+            while True:
+                try:
+                    while not self._call.wait_for(0.1):
+                        pass
+                    break
+                except KeyboardInterrupt:  # a second Ctrl-C while the ranks go down
+                    continue
+            raise
+
+    def _settle(self) -> None:
+        try:
+            raw = self._call.results()
+        except errors.DistributedError as error:
+            self._outcome = ("error", _with_remote_exception(error, self._max_bytes))
+            return
+        values = []
+        for rank, data in enumerate(raw):
+            try:
+                values.append(pickle.loads(data))
+            except Exception as error:
+                try:
+                    self._call.raise_bad_result(rank, f"{type(error).__name__}: {error}")
+                except errors.DistributedError as bad:
+                    self._outcome = ("error", bad)
+                    return
+        self._call.results_taken()
+        self._outcome = ("ok", values)
+
+
+class DistributedFunction:
+    """A function with its distributed options. Calling it runs it here, once;
+    .distributed(...) runs it on every rank and returns their results; .launch(...) starts
+    that and returns a Handle."""
+
+    def __init__(self, function: Callable, options: dict):
+        self._function = function
+        self._options = _check_options(options)
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args, **kwargs):
+        return self._function(*args, **kwargs)
+
+    def distributed(self, *args, **kwargs) -> list:
+        return self.launch(*args, **kwargs).result()
+
+    def launch(self, *args, **kwargs) -> Handle:
+        import cloudpickle
+
+        from sgpu import _native
+
+        options = dict(self._options)
+        function = self._function
+        name = options.pop("name", None) or getattr(function, "__name__", "function")
+        qualified = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', name)}"
+        max_bytes = options.get("max_payload_bytes", 256 << 20)
+        try:
+            body = cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:
+            raise errors.ConfigError(
+                f"cannot pickle {qualified} and its arguments for the ranks: {error}"
+            ) from error
+        if len(body) > max_bytes:
+            raise errors.ConfigError(
+                f"{qualified} and its arguments take {len(body):,} bytes pickled, over "
+                f"max_payload_bytes ({max_bytes:,}); the largest: "
+                f"{_largest_captures(function, args, kwargs)}. Load large data inside the "
+                "function (from a file or volume), or raise max_payload_bytes"
+            )
+        header = {"sys_path": [p for p in sys.path if p], "max_payload_bytes": max_bytes}
+        filename = getattr(getattr(function, "__code__", None), "co_filename", "")
+        if filename:
+            header["filename"] = filename
+            if not os.path.exists(filename):  # a notebook cell: its lines live here only
+                header["sources"] = {filename: linecache.getlines(filename)}
+        payload = pickle.dumps((header, body), protocol=pickle.HIGHEST_PROTOCOL)
+        options["name"] = name
+        parent = ""
+        mlflow = sys.modules.get("mlflow")
+        if mlflow is not None and options.get("tracking", True):
+            active = mlflow.active_run()
+            if active is not None:  # nested under it, in its store
+                parent = active.info.run_id
+                options.setdefault("tracking_uri", mlflow.get_tracking_uri())
+        call = _native.start(
+            options,
+            [sys.executable, "-m", "sgpu._worker"],
+            payload,
+            qualified,
+            _console,
+            parent,
+            fork_server_command(),
+        )
+        return Handle(call, name, max_bytes)
+
+    def __repr__(self) -> str:
+        return f"<sgpu.distributed {self._function!r} {self._options!r}>"
+
+
+def distributed(function: Optional[Callable] = None, **options):
+    """@distributed(gpus=8, gpu_type="H100", timeout=10800, ...): see DistributedFunction.
+
+    The options mirror sgpu::Options in C++ (timeout in seconds, None for none) and the
+    same environment variables override them (SGPU_BACKEND, SGPU_SIM, SGPU_SIM_FAULTS,
+    SGPU_RUNS_DIR, SGPU_TRACKING=off, MLFLOW_TRACKING_URI, ...)."""
+    if function is not None:
+        return DistributedFunction(function, options)
+    return lambda f: DistributedFunction(f, options)

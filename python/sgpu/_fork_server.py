@@ -1,0 +1,37 @@
+"""The Python fork server: `python -m sgpu._fork_server [MODULE,...]`, started by the C++
+launcher at a caller's first fork-server call and living as long as that caller.
+
+It imports torch (and the modules named), then serves the C++ fork server's loop
+(launcher/fork_server.h); each rank is a fork of it, so a warm call imports nothing again.
+A process with threads cannot fork safely: numpy's BLAS, which torch imports, is kept to
+the calling thread, and the loop refuses to fork (naming the exec start method) if some
+module started a thread anyway.
+"""
+
+import importlib
+import os
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def main() -> None:
+    preload = [name for arg in sys.argv[1:] for name in arg.split(",") if name]
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # a rank that needs it imports it, and says so then
+    import cloudpickle  # noqa: F401 - every rank unpickles with it
+
+    from sgpu import _native, _worker
+
+    env = _native.serve_forks()  # returns only in a forked rank
+    # The rank's environment replaces the server's, as exec would (putenv underneath).
+    os.environ.clear()
+    os.environ.update(entry.split("=", 1) for entry in env if "=" in entry)
+    _worker.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""What code inside a rank calls: its place in the call, its device, the "sgpu" process-group
+backend for torch.distributed, and logging into the call's MLflow run.
+
+Outside a rank the helpers answer for a world of one: rank 0 of 1, on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from datetime import timedelta
+
+BACKEND_NAME = "sgpu"
+
+
+def is_rank() -> bool:
+    """True inside a rank that sgpu started."""
+    return os.environ.get("SGPU_ROLE") == "worker"
+
+
+def _env_int(name: str, fallback: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if is_rank() and value else fallback
+
+
+def get_global_rank() -> int:
+    """This rank's place among all ranks of the call (torchrun's RANK)."""
+    return _env_int("RANK", 0)
+
+
+def get_local_rank() -> int:
+    """This rank's place on its node (LOCAL_RANK); also its GPU's index on cuda."""
+    return _env_int("LOCAL_RANK", 0)
+
+
+def get_world_size() -> int:
+    """How many ranks the call has (WORLD_SIZE)."""
+    return _env_int("WORLD_SIZE", 1)
+
+
+def get_local_world_size() -> int:
+    """How many ranks run on this node (LOCAL_WORLD_SIZE)."""
+    return _env_int("LOCAL_WORLD_SIZE", 1)
+
+
+def get_node_rank() -> int:
+    """This node's place among the call's nodes (NODE_RANK)."""
+    return _env_int("NODE_RANK", 0)
+
+
+global_rank = get_global_rank
+local_rank = get_local_rank
+world_size = get_world_size
+local_world_size = get_local_world_size
+node_rank = get_node_rank
+
+
+def device():
+    """The rank's torch.device: cuda:<its GPU> on the cuda backend, cpu on sim and outside a
+    rank."""
+    import torch
+
+    if is_rank() and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
+        return torch.device("cuda", _env_int("SGPU_DEVICE_INDEX", 0))
+    return torch.device("cpu")
+
+
+def _create_process_group(store, rank, size, timeout):
+    from sgpu import _native
+
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return _native.make_process_group(store, rank, size, seconds)
+
+
+def register_backend() -> None:
+    """Registers the "sgpu" backend with torch.distributed (once): the process group the
+    call's backend makes, Gloo with the fault plan on sim and NCCL on cuda."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Registers the backend right after torch is first imported (torch imports
+    torch.distributed), so that a rank that never imports torch does not pay for it."""
+
+    def __init__(self):
+        self._inner = None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch" or self._inner is not None:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        self._inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        register_backend()
+
+
+def install_process_group_hook() -> None:
+    """In a rank: "sgpu" is a torch.distributed backend by the time user code can name it."""
+    if "torch" in sys.modules:
+        register_backend()
+    else:
+        sys.meta_path.insert(0, _RegisterOnImport())
+
+
+def log_metric(key: str, value: float, step: int = 0) -> None:
+    """Logs a metric into the call's run through the rank's logger (batched, spooled when the
+    store is away); outside a rank, does nothing."""
+    from sgpu import _native
+
+    _native.log_metric(key, float(value), int(step))
+
+
+def log_metrics(metrics: dict, step: int = 0) -> None:
+    for key, value in metrics.items():
+        log_metric(key, value, step)
+
+
+def log_param(key: str, value) -> None:
+    from sgpu import _native
+
+    _native.log_param(key, str(value))
+
+
+def set_tag(key: str, value) -> None:
+    from sgpu import _native
+
+    _native.set_tag(key, str(value))
+
+
+def flush_tracking() -> bool:
+    """Sends what the rank logged so far; False when some of it could not be sent yet."""
+    from sgpu import _native
+
+    return _native.flush_tracking()

@@ -1,0 +1,108 @@
+"""The errors sgpu raises, mirroring the C++ ones (src/sgpu/errors.h).
+
+    Error                       every sgpu error
+      ConfigError               bad options; nothing was started
+      AcceleratorMismatchError  the node cannot serve the request; nothing was started
+      TrackingError             a metric, param or tag MLflow would refuse, or a store
+                                that cannot be used
+      DistributedError          a rank failed; .ranks has one RankFailure per rank,
+                                .root_cause the earliest failure
+        TimeoutError            the call's deadline passed
+        CancelledError          the call was cancelled (Handle.cancel, Ctrl-C)
+
+A rank's own exception is raised as itself in the caller where it unpickles, with the
+DistributedError (which carries the rank's traceback) as its __cause__.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+class Error(Exception):
+    """Every error sgpu raises."""
+
+
+class ConfigError(Error, ValueError):
+    """Bad options: nothing was started."""
+
+
+class AcceleratorMismatchError(Error):
+    """The node cannot serve the request (GPU type or count): nothing was started."""
+
+
+class TrackingError(Error):
+    """A metric, param or tag MLflow would refuse, or a tracking store that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFailure:
+    """What happened to one rank of a call that did not succeed.
+
+    kind is one of "ok", "exception", "exit_code", "signal", "bad_result", "timed_out",
+    "terminated" (torn down by sgpu after another rank failed, a timeout or a cancel).
+    """
+
+    rank: int
+    local_rank: int
+    pid: int
+    kind: str
+    exit_code: Optional[int]
+    signal: Optional[int]
+    exception_type: str
+    message: str
+    stderr_tail: str
+    time: float
+    root_cause: bool
+    description: str
+    traceback: str = ""  # the rank's Python traceback, when it raised
+
+
+class DistributedError(Error):
+    """A rank failed. .ranks: one RankFailure per rank, in rank order; .run_dir: the kept
+    run folder (each rank's logs, result and error records)."""
+
+    def __init__(self, message: str, ranks: list[RankFailure], run_dir: str):
+        super().__init__(message)
+        self.ranks = ranks
+        self.run_dir = run_dir
+
+    @property
+    def root_cause(self) -> Optional[RankFailure]:
+        """The earliest failure; None for a timeout or cancel with no failed rank."""
+        return next((row for row in self.ranks if row.root_cause), None)
+
+
+class TimeoutError(DistributedError):  # noqa: A001 - sgpu.TimeoutError, as in C++
+    """The call's deadline passed; the message names the ranks still running."""
+
+
+class CancelledError(DistributedError):
+    """The call was cancelled: Handle.cancel(), or an interrupt."""
+
+
+class ResultTooLarge(Error):
+    """A payload or result over max_payload_bytes."""
+
+
+_CLASSES = {
+    "config": ConfigError,
+    "mismatch": AcceleratorMismatchError,
+    "tracking": TrackingError,
+    "too_large": ResultTooLarge,
+    "record": Error,
+    "error": Error,
+}
+_DISTRIBUTED = {
+    "distributed": DistributedError,
+    "timeout": TimeoutError,
+    "cancelled": CancelledError,
+}
+
+
+def _from_native(kind: str, message: str, rows: list, run_dir: str) -> Error:
+    """The Python error for an error of the C++ core (python/native/module.cc)."""
+    if kind in _DISTRIBUTED:
+        return _DISTRIBUTED[kind](message, [RankFailure(**row) for row in rows], run_dir)
+    return _CLASSES.get(kind, Error)(message)

@@ -1,0 +1,310 @@
+"""@sgpu.distributed on simulated ranks: results, errors, options, handles."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sgpu
+from conftest import alive, processes_with_marker
+from sgpu import distributed
+
+
+def whoami(scale):
+    return (sgpu.get_global_rank(), sgpu.get_world_size(), sgpu.get_local_rank(), scale * sgpu.global_rank())
+
+
+def test_results_come_back_in_rank_order():
+    fn = distributed(gpus=4, gpu_type="H100")(whoami)
+    assert fn.distributed(10) == [(r, 4, r, 10 * r) for r in range(4)]
+
+
+def test_a_plain_call_runs_here():
+    fn = distributed(gpus=4)(whoami)
+    assert fn(3) == (0, 1, 0, 0)
+
+
+def test_positional_and_keyword_arguments_and_closures_travel():
+    offset = 7
+
+    @distributed(gpus=2)
+    def add(a, *, b):
+        return a + b + offset + sgpu.get_global_rank()
+
+    assert add.distributed(1, b=2) == [10, 11]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ranks=st.integers(1, 8), size=st.integers(0, 3 << 20), seed=st.integers(0, 2**31))
+def test_each_rank_returns_what_it_computed(ranks, size, seed):
+    data = bytes((seed + i) % 251 for i in range(min(size, 4096))) * (size // 4096 + 1)
+    data = data[:size]
+
+    @distributed(gpus=ranks, tracking=False)
+    def echo(blob):
+        rank = sgpu.get_global_rank()
+        return rank, len(blob), blob[rank::97]
+
+    assert echo.distributed(data) == [(r, size, data[r::97]) for r in range(ranks)]
+
+
+def test_a_ranks_exception_is_raised_as_itself_with_the_remote_traceback():
+    @distributed(gpus=3)
+    def fail_on_two():
+        if sgpu.get_global_rank() == 2:
+            raise ValueError("rank two refuses")
+        time.sleep(30)
+
+    with pytest.raises(ValueError, match="rank two refuses") as caught:
+        fail_on_two.distributed()
+    cause = caught.value.__cause__
+    assert isinstance(cause, sgpu.DistributedError)
+    assert cause.root_cause.rank == 2
+    assert cause.root_cause.kind == "exception"
+    assert cause.root_cause.exception_type == "ValueError"
+    # the function's own file and line, not the worker's frames
+    assert f'File "{__file__}"' in cause.root_cause.traceback
+    assert 'raise ValueError("rank two refuses")' in cause.root_cause.traceback
+    assert "_worker.py" not in cause.root_cause.traceback
+    assert 'raise ValueError("rank two refuses")' in str(cause)
+    assert [row.kind for row in cause.ranks] == ["terminated", "terminated", "exception"]
+
+
+def test_an_exception_that_does_not_pickle_still_names_its_rank():
+    class Local(Exception):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    @distributed(gpus=2)
+    def raise_local():
+        if sgpu.get_global_rank() == 1:
+            raise Local("odd one")
+        time.sleep(30)
+
+    with pytest.raises(sgpu.DistributedError) as caught:
+        raise_local.distributed()
+    assert caught.value.root_cause.rank == 1
+    assert "odd one" in str(caught.value)
+
+
+def test_an_unpicklable_result_names_the_rank():
+    @distributed(gpus=2)
+    def lock_on_one():
+        import threading
+
+        return threading.Lock() if sgpu.get_global_rank() == 1 else 0
+
+    with pytest.raises(TypeError, match="rank 1's result") as caught:
+        lock_on_one.distributed()
+    assert caught.value.__cause__.root_cause.rank == 1
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"gpus": 0}, "gpus must be at least 1"),
+        ({"gpus": "2"}, "gpus must be a positive int"),
+        ({"timeout": -1}, "timeout=None"),
+        ({"timeout": 0}, "timeout must be positive"),
+        ({"colour": "red"}, "unknown option colour"),
+        ({"start_method": "spawn"}, "start_method"),
+        ({"console_ranks": [0, 9], "gpus": 2}, "console_ranks names rank 9"),
+        ({"backend": "tpu"}, "tpu"),
+    ],
+)
+def test_bad_options_are_config_errors_before_anything_starts(options, match, monkeypatch):
+    monkeypatch.delenv("SGPU_BACKEND")  # it would override backend=
+    monkeypatch.setenv("SGPU_SIM", "8xH100")
+    with pytest.raises(sgpu.ConfigError, match=match):
+        distributed(**options)(whoami).distributed(1)
+
+
+def test_a_gpu_type_the_node_lacks_is_a_mismatch_before_anything_starts(sgpu_sandbox):
+    with pytest.raises(sgpu.AcceleratorMismatchError, match="A10"):
+        distributed(gpus=2, gpu_type="A10", sim_node="8xH100")(whoami).distributed(1)
+    assert not (sgpu_sandbox / "runs").exists() or not any((sgpu_sandbox / "runs").iterdir())
+
+
+def test_too_many_gpus_is_a_mismatch():
+    with pytest.raises(sgpu.AcceleratorMismatchError, match="gpus=2"):
+        distributed(gpus=3, sim_node="2xH100")(whoami).distributed(1)
+
+
+def test_a_payload_over_the_limit_names_its_largest_parts():
+    big = b"x" * 200_000
+
+    @distributed(gpus=1, max_payload_bytes=100_000)
+    def uses_big(small):
+        return len(big) + len(small)
+
+    with pytest.raises(sgpu.ConfigError, match=r"max_payload_bytes.*the largest: captured big \(2\d\d,\d\d\d bytes\)"):
+        uses_big.distributed(b"y")
+
+
+def test_the_deadline_raises_sgpu_timeout_error_naming_the_running_ranks():
+    @distributed(gpus=2, timeout=6, teardown_grace=0.5)  # long enough for rank 0 to start under load
+    def sleeps():
+        if sgpu.get_global_rank() == 1:
+            time.sleep(60)
+        return 0
+
+    with pytest.raises(sgpu.TimeoutError, match="ranks still running: 1") as caught:
+        sleeps.distributed()
+    assert [row.kind for row in caught.value.ranks] == ["ok", "timed_out"]
+
+
+def test_a_handle_waits_cancels_and_reports(sgpu_sandbox):
+    pids = sgpu_sandbox / "pids"
+    pids.mkdir()
+
+    @distributed(gpus=2)
+    def sleeps(folder):
+        import pathlib
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "1000"])
+        (pathlib.Path(folder) / str(sgpu.get_global_rank())).write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(60)
+
+    handle = sleeps.launch(str(pids))
+    assert handle.run_dir.startswith(str(sgpu_sandbox / "runs"))
+    with pytest.raises(TimeoutError):
+        handle.result(timeout=0.3)
+    assert not handle.done()
+    deadline = time.monotonic() + 30
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(p) for f in pids.iterdir() for p in f.read_text().split()]
+    assert len(alive(started)) == 4  # two ranks, a sleep each
+    handle.cancel()
+    with pytest.raises(sgpu.CancelledError):
+        handle.result()
+    assert handle.done()
+    assert alive(started) == []
+
+
+def test_ranks_output_reaches_python_streams(capsys):
+    @distributed(gpus=2, tracking=False)
+    def speak():
+        print(f"hello from {sgpu.get_global_rank()}")
+        print("to stderr", file=sys.stderr)
+
+    speak.distributed()
+    out, err = capsys.readouterr()
+    assert "[rank 0] hello from 0\n" in out and "[rank 1] hello from 1\n" in out
+    assert err.count("to stderr") == 2
+
+
+@pytest.mark.parametrize(
+    "plan, kind, rank",
+    [
+        ("rank=1:exit=3@start", "exit_code", 1),
+        ("rank=0:segv@start", "signal", 0),
+        ("rank=2:abort@after=200ms", "signal", 2),
+        ("rank=1:throw@start", "exception", 1),
+    ],
+)
+def test_the_fault_plan_acts_on_python_ranks(plan, kind, rank):
+    @distributed(gpus=3, sim_faults=plan)
+    def naps():
+        time.sleep(5)
+        return 0
+
+    # a thrown fault comes back as the exception the rank raised, from the DistributedError
+    with pytest.raises(Exception) as caught:
+        naps.distributed()
+    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    assert error.root_cause.rank == rank
+    assert error.root_cause.kind == kind
+
+
+@pytest.mark.parametrize("method", ["fork-server", "exec"])
+def test_keyboard_interrupt_cancels_the_call_and_reaches_the_caller(tmp_path, method):
+    marker = f"{os.getpid()}-interrupt-{method}"
+    expected = 4 if method == "fork-server" else 3  # the caller, its server, 2 ranks
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(
+        """
+        import sys, time, sgpu
+
+        @sgpu.distributed(gpus=2, tracking=False)
+        def sleeps():
+            time.sleep(60)
+
+        try:
+            sleeps.distributed()
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt reached the caller", flush=True)
+            sys.exit(42)
+        """
+    ))
+    env = dict(os.environ, SGPU_TEST_MARKER=marker, SGPU_START_METHOD=method)
+    child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) == expected
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 42, out
+    assert "KeyboardInterrupt reached the caller" in out
+    assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
+
+
+@pytest.mark.parametrize("method", ["fork-server", "exec"])
+def test_a_caller_killed_takes_its_ranks_with_it(tmp_path, method):
+    marker = f"{os.getpid()}-killed-{method}"
+    # the caller, its server, two ranks and a sleep started by each
+    expected = 6 if method == "fork-server" else 5
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(
+        """
+        import time, sgpu
+
+        @sgpu.distributed(gpus=2, tracking=False)
+        def sleeps():
+            import subprocess
+            subprocess.Popen(["sleep", "1000"])
+            time.sleep(60)
+
+        sleeps.distributed()
+        """
+    ))
+    env = dict(os.environ, SGPU_TEST_MARKER=marker, SGPU_START_METHOD=method)
+    child = subprocess.Popen([sys.executable, str(script)], env=env)
+    deadline = time.monotonic() + 30
+    while len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) == expected
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 10
+    while processes_with_marker(f"SGPU_TEST_MARKER={marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
+
+
+def test_a_call_inside_a_rank_is_refused():
+    @distributed(gpus=1)
+    def nested():
+        inner = distributed(gpus=1)(whoami)
+        return inner.distributed(1)
+
+    with pytest.raises(sgpu.ConfigError, match="inside a rank"):
+        nested.distributed()
+
+
+def test_results_decode_in_the_caller_with_pickle():
+    @distributed(gpus=2)
+    def makes_dict():
+        return {"rank": sgpu.get_global_rank(), "nested": [1, (2, 3)]}
+
+    assert makes_dict.distributed() == [{"rank": r, "nested": [1, (2, 3)]} for r in range(2)]
+    assert pickle.loads(pickle.dumps(sgpu.errors.RankFailure(0, 0, 1, "ok", None, None, "", "", "", 0.0, False, "")))

@@ -1,0 +1,97 @@
+"""The decorator in a real Jupyter kernel (ipykernel, driven by jupyter_client): a cell
+shows the ranks' output, an interrupt tears the ranks down, and a kernel shut down leaves
+no rank behind."""
+
+import os
+import queue
+import time
+
+import pytest
+
+from conftest import is_fork_server, processes_with_marker
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+DEFINE = """
+import time, sgpu
+
+@sgpu.distributed(gpus=2, tracking=False)
+def hello():
+    print(f"hello from rank {sgpu.get_global_rank()}", flush=True)
+    return sgpu.get_global_rank()
+
+@sgpu.distributed(gpus=2, tracking=False)
+def sleeps():
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    marker = f"{os.getpid()}-{tmp_path.name}"
+    env = dict(os.environ, SGPU_TEST_MARKER=marker)
+    manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
+    try:
+        reply = client.execute_interactive(DEFINE, timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        yield manager, client, f"SGPU_TEST_MARKER={marker}"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def run_cell(client, code, timeout=120):
+    """The cell's reply and everything it wrote to stdout."""
+    out = []
+
+    def on_output(message):
+        if message["msg_type"] == "stream" and message["content"]["name"] == "stdout":
+            out.append(message["content"]["text"])
+        if message["msg_type"] == "execute_result":
+            out.append(message["content"]["data"]["text/plain"])
+
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=on_output)
+    return reply["content"], "".join(out)
+
+
+def wait_for(predicate, limit=30.0):
+    deadline = time.monotonic() + limit
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_cell_shows_each_ranks_output_and_the_result(kernel):
+    _, client, _ = kernel
+    reply, out = run_cell(client, "hello.distributed()")
+    assert reply["status"] == "ok", reply
+    assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+    assert "[0, 1]" in out
+
+
+def test_an_interrupt_tears_the_ranks_down(kernel):
+    manager, client, marker = kernel
+    message_id = client.execute("sleeps.distributed()")
+    assert wait_for(lambda: len(processes_with_marker(marker)) >= 3)  # kernel + 2 ranks
+    manager.interrupt_kernel()
+    deadline = time.monotonic() + 60
+    while True:
+        reply = client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0.1))
+        if reply["parent_header"].get("msg_id") == message_id:
+            break
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    kernel_pid = manager.provisioner.process.pid
+    left = [p for p in processes_with_marker(marker) if p != kernel_pid and not is_fork_server(p)]
+    assert left == []
+    reply, out = run_cell(client, "hello.distributed()")  # the kernel goes on
+    assert reply["status"] == "ok" and "[0, 1]" in out
+
+
+def test_shutting_the_kernel_down_leaves_no_rank(kernel):
+    manager, client, marker = kernel
+    reply, _ = run_cell(client, "handle = sleeps.launch()")
+    assert reply["status"] == "ok", reply
+    assert wait_for(lambda: len(processes_with_marker(marker)) >= 3)
+    manager.shutdown_kernel(now=True)
+    assert wait_for(lambda: processes_with_marker(marker) == [], limit=20)

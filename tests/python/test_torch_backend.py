@@ -1,0 +1,98 @@
+"""torch.distributed over the "sgpu" backend in Python ranks: collectives, the fault plan's
+collective faults, and PyTorch's own DDP and FSDP."""
+
+import pytest
+
+import sgpu
+from sgpu import distributed
+
+
+def all_reduce_ranks(steps):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    try:
+        total = torch.zeros(3)
+        for _ in range(steps):
+            t = torch.full((3,), float(dist.get_rank() + 1))
+            dist.all_reduce(t)
+            total += t
+        gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, torch.tensor([float(dist.get_rank())]))
+        return dist.get_backend(), total.tolist(), [g.item() for g in gathered]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_run_over_the_sgpu_backend():
+    results = distributed(gpus=4, tracking=False)(all_reduce_ranks).distributed(2)
+    assert results == [("sgpu", [20.0, 20.0, 20.0], [0.0, 1.0, 2.0, 3.0])] * 4
+
+
+@pytest.mark.parametrize("plan, kind", [("rank=1:segv@collective=2", "signal"),
+                                        ("rank=2:exit=7@collective=1", "exit_code"),
+                                        ("rank=3:throw@collective=3", "exception")])
+def test_collective_faults_act_in_python_ranks(plan, kind):
+    rank = int(plan.split(":")[0].split("=")[1])
+    fn = distributed(gpus=4, tracking=False, sim_faults=plan, timeout=120)(all_reduce_ranks)
+    with pytest.raises(Exception) as caught:
+        fn.distributed(5)
+    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    assert isinstance(error, sgpu.DistributedError)
+    assert error.root_cause.rank == rank, str(error)
+    assert error.root_cause.kind == kind, str(error)
+
+
+def test_the_sgpu_backend_outside_a_rank_says_what_to_use():
+    import torch.distributed as dist
+
+    sgpu.register_backend()
+    store = dist.HashStore()
+    with pytest.raises(Exception, match='"gloo"'):
+        dist.Backend._plugins["SGPU"].creator_fn(store, 0, 1, 30)
+
+
+def train_ddp(steps, fsdp):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    if fsdp:  # FSDP2: each Linear a unit, then the root
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model[0])
+        fully_shard(model[2])
+        fully_shard(model)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=generator)
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if fsdp:  # each parameter a DTensor sharded over the ranks: gathered whole
+        state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    else:
+        state = model.module.state_dict()
+    flat = torch.cat([v.flatten() for _, v in sorted(state.items())])
+    dist.destroy_process_group()
+    return flat.tolist()
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_pytorch_ddp_and_fsdp_end_with_equal_parameters_on_every_rank(fsdp):
+    results = distributed(gpus=4, tracking=False, timeout=300)(train_ddp).distributed(5, fsdp)
+    assert all(r == results[0] for r in results[1:])
+    # the ranks saw different data: training moved the parameters away from the seed's
+    import torch
+
+    torch.manual_seed(0)
+    initial = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    start = torch.cat([v.flatten() for _, v in sorted(initial.state_dict().items())]).tolist()
+    assert results[0] != start
