@@ -131,4 +131,37 @@ void act(const Fault& fault) {
   }
 }
 
+std::string describe(const Fault& fault) {
+  std::string text = "rank=" + std::to_string(fault.rank) + ":";
+  switch (fault.action) {
+    case Fault::Action::kAbort:
+      text += "abort";
+      break;
+    case Fault::Action::kSegv:
+      text += "segv";
+      break;
+    case Fault::Action::kExit:
+      text += "exit=" + std::to_string(fault.exit_code);
+      break;
+    case Fault::Action::kThrow:
+      text += "throw";
+      break;
+    case Fault::Action::kHang:
+      text += "hang";
+      break;
+    case Fault::Action::kSlow:
+      text += "slow=" + std::to_string(fault.slow.count()) + "ms";
+      break;
+  }
+  switch (fault.point) {
+    case Fault::Point::kStart:
+      return text + "@start";
+    case Fault::Point::kCollective:
+      return text + "@collective=" + std::to_string(fault.collective);
+    case Fault::Point::kAfter:
+      return text + "@after=" + std::to_string(fault.after.count()) + "ms";
+  }
+  return text;
+}
+
 }  // namespace sgpu::sim

@@ -34,6 +34,9 @@ struct Fault {
 // Throws ConfigError naming the bad part, the grammar, and ranks outside 0..world-1.
 std::vector<Fault> parse_faults(std::string_view plan, int world_size);
 
+// The fault as a plan writes it: "rank=1:segv@collective=3".
+std::string describe(const Fault& fault);
+
 // Carries out a fault's action in the calling thread (never returns, except for slow).
 void act(const Fault& fault);
 

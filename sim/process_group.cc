@@ -14,7 +14,9 @@
 namespace sgpu::sim {
 namespace {
 
-// This rank's faults, set by bind() before the function runs.
+// This rank's faults, read from the plan once: by bind() before the function runs, or by
+// the first process group of a rank that was not bound here (a program's rank, whose
+// supervisor bound it: NOTE [A program's supervisor]).
 struct RankFaults {
   std::vector<Fault> faults;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
@@ -22,7 +24,16 @@ struct RankFaults {
 };
 
 RankFaults& rank_faults() {
-  static RankFaults* faults = new RankFaults;  // outlives any exit path
+  static RankFaults* faults = [] {
+    auto* state = new RankFaults;  // outlives any exit path
+    const char* plan = std::getenv(kFaultsVar);
+    if (plan == nullptr || *plan == '\0') return state;
+    const contract::RankEnvironment env = contract::read_rank_environment();
+    for (const Fault& fault : parse_faults(plan, env.world_size)) {
+      if (fault.rank == env.rank) state->faults.push_back(fault);
+    }
+    return state;
+  }();
   return *faults;
 }
 
@@ -113,27 +124,52 @@ class FaultInjectingBackend final : public c10d::Backend {
 
 }  // namespace
 
+namespace {
+
+// Options::sim_faults, else SGPU_SIM_FAULTS.
+std::string plan_of(const Options& options) {
+  if (!options.sim_faults.empty()) return options.sim_faults;
+  const char* env = std::getenv(kFaultsVar);
+  return env != nullptr ? env : "";
+}
+
+}  // namespace
+
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
-  std::string plan = options.sim_faults;
-  if (plan.empty()) {
-    const char* env = std::getenv(kFaultsVar);
-    plan = env != nullptr ? env : "";
-  }
+  const std::string plan = plan_of(options);
   if (plan.empty()) return {};
   parse_faults(plan, options.gpus);  // ConfigError before anything starts
   return {std::string(kFaultsVar) + "=" + plan};
 }
 
-void SimBackend::bind(int device_index) const {
-  const char* plan = std::getenv(kFaultsVar);
-  if (plan == nullptr || *plan == '\0') return;
-  const contract::RankEnvironment env = contract::read_rank_environment();
-  const int rank = env.rank;
-  const int world = env.world_size;
-  RankFaults& state = rank_faults();
-  for (const Fault& fault : parse_faults(plan, world)) {
-    if (fault.rank == rank) state.faults.push_back(fault);
+std::vector<std::string> SimBackend::ending_faults(const Options& options) const {
+  const std::string plan = plan_of(options);
+  if (plan.empty()) return {};
+  std::vector<std::string> ending;
+  for (const Fault& fault : parse_faults(plan, options.gpus)) {
+    if (fault.action == Fault::Action::kSlow) continue;
+    const std::string rank = "rank " + std::to_string(fault.rank);
+    std::string why;
+    switch (fault.point) {
+      case Fault::Point::kCollective:
+        why = rank + " ran fewer than " + std::to_string(fault.collective) +
+              " collectives through sgpu's process group (a Python rank's go through it with "
+              "dist.init_process_group(\"sgpu\"))";
+        break;
+      case Fault::Point::kAfter:
+        why = rank + " ended within " + std::to_string(fault.after.count()) + " ms";
+        break;
+      case Fault::Point::kStart:
+        why = rank + " never bound its device";
+        break;
+    }
+    ending.push_back(describe(fault) + ": " + why);
   }
+  return ending;
+}
+
+void SimBackend::bind(int device_index) const {
+  RankFaults& state = rank_faults();
   for (const Fault& fault : state.faults) {
     if (fault.point == Fault::Point::kStart && fault.action != Fault::Action::kSlow) act(fault);
     if (fault.point == Fault::Point::kAfter && fault.action != Fault::Action::kSlow) {

@@ -22,6 +22,10 @@ class SimBackend final : public backend::Backend {
   const backend::ProcessGroupFactory& process_groups() const override;
   // The fault plan (Options::sim_faults, else SGPU_SIM_FAULTS), checked.
   std::vector<std::string> rank_environment(const Options& options) const override;
+  // A program's rank: its start and timed faults, acting on the supervisor (and so on the
+  // rank); collective and slow faults act only in sgpu's process group.
+  void bind_program() const override { bind(0); }
+  std::vector<std::string> ending_faults(const Options& options) const override;
 };
 
 std::unique_ptr<backend::Backend> make_sim_backend();

@@ -55,6 +55,12 @@ from sgpu.errors import (  # noqa: E402
 
 __version__ = "0.1.0"
 
+# "sgpu" is a torch.distributed backend once torch is imported, here and in the ranks of
+# `sgpu run -- python script.py` that import sgpu.
+from sgpu import _runtime  # noqa: E402
+
+_runtime.install_process_group_hook()
+
 __all__ = [
     "AcceleratorMismatchError",
     "CancelledError",

@@ -170,6 +170,27 @@ def fork_server_command() -> list:
     return [sys.executable, "-m", "sgpu._fork_server", preload]
 
 
+def _show_link_in_notebook(name: str, link: str) -> None:
+    """In a notebook, the call's MLflow run as a link under the cell (the console line the
+    C++ core writes says the same in plain text)."""
+    if not link or "ipykernel" not in sys.modules:
+        return
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+
+        if get_ipython() is None:
+            return
+        import html
+        import pathlib
+
+        href = link if "://" in link else pathlib.Path(link).absolute().as_uri()
+        display(HTML(f'sgpu: {html.escape(name)} is tracked in MLflow run '
+                     f'<a href="{html.escape(href)}" target="_blank">{html.escape(link)}</a>'))
+    except Exception:  # a display that fails must not stop the call
+        pass
+
+
 class Handle:
     """A call in flight (DistributedFunction.launch). Thread-safe."""
 
@@ -316,6 +337,7 @@ class DistributedFunction:
             parent,
             fork_server_command(),
         )
+        _show_link_in_notebook(name, call.tracking_link)
         return Handle(call, name, max_bytes)
 
     def __repr__(self) -> str:

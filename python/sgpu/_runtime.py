@@ -111,11 +111,19 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_process_group_hook() -> None:
-    """In a rank: "sgpu" is a torch.distributed backend by the time user code can name it."""
+    """"sgpu" is a torch.distributed backend by the time code can name it: now when torch
+    is imported, else right after its import. Once per process."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
     if "torch" in sys.modules:
         register_backend()
     else:
         sys.meta_path.insert(0, _RegisterOnImport())
+
+
+_hooked = False
 
 
 def log_metric(key: str, value: float, step: int = 0) -> None:

@@ -38,6 +38,15 @@ class Backend {
   virtual const ProcessGroupFactory& process_groups() const = 0;
   // "NAME=value" entries. The default adds none.
   virtual std::vector<std::string> rank_environment(const Options& options) const { return {}; }
+  // In a program's rank (sgpu run), in its supervisor, instead of bind() (NOTE [A
+  // program's supervisor]): what bind() does to the rank's process, binding no device.
+  // The default does nothing.
+  virtual void bind_program() const {}
+  // The planned faults of `options` that end a rank when they act (the fault plan's
+  // actions but slow), each described with why it may not have acted: a call that
+  // succeeds despite one was not shown what was asked, which the launcher reports as an
+  // error. The default has none.
+  virtual std::vector<std::string> ending_faults(const Options& options) const { return {}; }
 };
 
 }  // namespace sgpu::backend

@@ -9,6 +9,8 @@
 //   rank-<N>/result.bin            the rank's return value (the rank, as it ends), or
 //   rank-<N>/error.json            the rank's error record
 //   rank-<N>/exception.bin         a worker rank's exception, as the worker encodes it
+//   rank-<N>/torchelastic-error.json  a program rank's torchrun error file (its
+//                                  TORCHELASTIC_ERROR_FILE, which @record writes)
 //   rank-<N>/abrupt-end            when it went down without one (contract/abrupt_end.h)
 //   rank-<N>/tracking-spool.jsonl  what the rank's logger could not send (tracking)
 //
@@ -28,6 +30,7 @@ struct RankFolder {
   std::filesystem::path result() const { return dir / "result.bin"; }
   std::filesystem::path error() const { return dir / "error.json"; }
   std::filesystem::path exception() const { return dir / "exception.bin"; }
+  std::filesystem::path torchelastic_error() const { return dir / "torchelastic-error.json"; }
   std::filesystem::path tracking_spool() const { return dir / kTrackingSpoolName; }
   // When the rank went down without an error record (NOTE [Abrupt ends]).
   std::filesystem::path abrupt_end() const { return dir / "abrupt-end"; }

@@ -265,6 +265,10 @@ class CallImpl final : public detail::Call {
     vars.insert(vars.end(), {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
                              {"TORCHELASTIC_RESTART_COUNT", "0"},
                              {"TORCHELASTIC_RUN_ID", run_dir_.filename().string()}});
+    // Where a program's @record (torch.distributed.elastic) writes the rank's error.
+    if (kind_ == CallKind::kProgram) {
+      vars.emplace_back("TORCHELASTIC_ERROR_FILE", slot.folder.torchelastic_error().string());
+    }
     for (auto& var :
          tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment()) {
       vars.push_back(std::move(var));
@@ -514,7 +518,10 @@ class CallImpl final : public detail::Call {
       row.exit_code = slot.exit->exit_code;
       row.signal = slot.exit->signal;
     }
-    const auto record = serialize::read_error_record(slot.folder.error());
+    auto record = serialize::read_error_record(slot.folder.error());
+    if (!record && kind_ == CallKind::kProgram) {
+      record = serialize::read_torchelastic_error(slot.folder.torchelastic_error());
+    }
     // When it went down without a record (NOTE [Abrupt ends]).
     const auto abrupt_end = contract::read_abrupt_end(slot.folder.abrupt_end());
     if (abrupt_end && !record) row.time = *abrupt_end;
@@ -554,8 +561,22 @@ class CallImpl final : public detail::Call {
     std::exception_ptr error;
     std::vector<RankFailure> rows;
     for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
+    // A fault that ends its rank, planned but never acted, cannot end in success.
+    const std::vector<std::string> unacted =
+        outcome == Outcome::kSucceeded
+            ? backend::find_backend(backend_name_).ending_faults(options_)
+            : std::vector<std::string>{};
 
-    if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
+    if (!unacted.empty()) {
+      std::string list;
+      for (const std::string& fault : unacted) list += "\n  " + fault;
+      error = std::make_exception_ptr(DistributedError(
+          format_failure("sgpu: every rank of " + function_label() +
+                             " finished, but the fault plan did not act:" + list +
+                             "\nsuch a fault ends its rank; fix the plan or the point it names",
+                         rows, run_dir_),
+          rows, run_dir_));
+    } else if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
       results.assign(slots_.size(), std::string());
     } else if (outcome == Outcome::kSucceeded) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {

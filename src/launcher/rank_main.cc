@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,8 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "backend/backend_table.h"
@@ -161,19 +165,87 @@ std::string current_exception_type() {
   end_rank(1);
 }
 
+// What the program started and left to the supervisor (a child subreaper): killed and
+// reaped once the program has ended.
+void kill_orphans() {
+  for (int round = 0; round < 10; ++round) {
+    bool any = false;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 1));
+      std::string state;
+      long ppid = 0;
+      rest >> state >> ppid;
+      if (ppid == ::getpid()) {
+        ::kill(std::stoi(name), SIGKILL);
+        any = true;
+      }
+    }
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (!any) return;
+    ::usleep(10'000);
+  }
+}
+
 }  // namespace
 
+// NOTE [A program's supervisor]
+// A program's rank (sgpu run) is this binary as a small supervisor with the program as its
+// only child, so that the promise of a function's rank holds for any program: when the
+// caller goes (parent-death signal, lifeline), the rank's whole process group dies, and
+// the supervisor is a child subreaper, so what the program started and left behind is its
+// to kill when the program ends. The supervisor ignores SIGTERM (teardown signals the
+// group, so the program gets it) and ends as the program did: its exit code, or killed by
+// the same signal. Start and timed faults of the fault plan act on the program from here.
 void run_program(char** argv) {
-  const long parent = contract::read_rank_environment().parent_pid;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // survives exec
-  if (parent != 0 && ::getppid() != parent) ::_exit(137);
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  install_guards();  // the parent check, parent-death signal, lifeline, crash reports
   ::fcntl(kRankLifelineFd, F_SETFD, FD_CLOEXEC);
   for (const char* var :
        {contract::kRoleVar, contract::kCallFileVar, contract::kParentVar, contract::kLifelineVar})
     ::unsetenv(var);
-  ::execvp(argv[0], argv);
-  std::fprintf(stderr, "sgpu: cannot run %s: %s\n", argv[0], std::strerror(errno));
-  ::_exit(127);
+  try {  // the start faults act here, before the program starts; timed ones are armed
+    backend::find_backend(env.backend).bind_program();
+  } catch (const std::exception& e) {
+    fail(contract::RankFolder{env.rank_dir}, env.rank, current_exception_type(), e.what());
+  }
+  const pid_t program = ::fork();
+  if (program < 0) {
+    std::fprintf(stderr, "sgpu: cannot start %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  if (program == 0) {
+    for (int signal = 1; signal < NSIG; ++signal) ::signal(signal, SIG_DFL);
+    ::execvp(argv[0], argv);
+    std::fprintf(stderr, "sgpu: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::signal(SIGTERM, SIG_IGN);
+  int status = 0;
+  while (true) {
+    int got_status = 0;
+    const pid_t got = ::waitpid(-1, &got_status, 0);
+    if (got == program) {
+      status = got_status;
+      break;
+    }
+    if (got < 0 && errno != EINTR) break;  // cannot happen while the program runs
+  }
+  kill_orphans();
+  if (WIFSIGNALED(status)) {
+    ::signal(WTERMSIG(status), SIG_DFL);
+    ::raise(WTERMSIG(status));
+  }
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
 void enter_worker_rank() {

@@ -1,5 +1,7 @@
 #include "serialize/error_record.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +35,46 @@ std::optional<ErrorRecord> read_error_record(const std::filesystem::path& path) 
         std::chrono::duration_cast<std::chrono::system_clock::duration>(
             std::chrono::nanoseconds(j.value("timestamp_ns", std::int64_t{0}))));
     record.backtrace = j.value("backtrace", std::vector<std::string>{});
+    return record;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<ErrorRecord> read_torchelastic_error(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json& outer = j.at("message");
+    ErrorRecord record;
+    // "ValueError: boom": the type before the first ": ", as torch writes it.
+    const std::string text =
+        outer.is_string() ? outer.get<std::string>() : outer.value("message", "");
+    const auto colon = text.find(": ");
+    if (colon != std::string::npos && text.find_first_of(" \n") >= colon) {
+      record.type = text.substr(0, colon);
+      record.message = text.substr(colon + 2);
+    } else {
+      record.message = text;
+    }
+    if (outer.is_object() && outer.contains("extraInfo")) {
+      std::string stack = outer["extraInfo"].value("py_callstack", "");
+      for (std::size_t start = 0; start < stack.size();) {
+        const auto nl = stack.find('\n', start);
+        record.backtrace.push_back(stack.substr(start, nl - start));
+        if (nl == std::string::npos) break;
+        start = nl + 1;
+      }
+    }
+    // The file's own time: torch's timestamp is in whole seconds, too coarse to order ranks.
+    struct stat info {};
+    if (::stat(path.c_str(), &info) == 0) {
+      record.time = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(info.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(info.st_mtim.tv_nsec)));
+    }
     return record;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

@@ -24,4 +24,10 @@ void write_error_record(const std::filesystem::path& path, const ErrorRecord& re
 // std::nullopt when the file is missing or unreadable (a rank can die while writing it).
 std::optional<ErrorRecord> read_error_record(const std::filesystem::path& path);
 
+// torchrun's error file (TORCHELASTIC_ERROR_FILE), as torch.distributed.elastic's @record
+// writes it: {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": ...,
+// "timestamp": ...}}}. The type and message are split at the first ": ", the call stack
+// becomes the backtrace, the time is the file's. std::nullopt as above.
+std::optional<ErrorRecord> read_torchelastic_error(const std::filesystem::path& path);
+
 }  // namespace sgpu::serialize

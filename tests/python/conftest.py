@@ -3,6 +3,7 @@ the user's (./mlruns, $TMPDIR/sgpu-<uid>), and calls run on the simulated backen
 
 import os
 import pathlib
+import time
 
 import pytest
 
@@ -73,3 +74,11 @@ def is_fork_server(pid: int) -> bool:
         return b"sgpu._fork_server" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def wait_until(predicate, limit: float = 30.0) -> bool:
+    """Polls `predicate` until it holds or `limit` seconds pass; returns its last value."""
+    deadline = time.monotonic() + limit
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()

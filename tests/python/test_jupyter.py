@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import is_fork_server, processes_with_marker
+from conftest import is_fork_server, processes_with_marker, wait_until
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
@@ -54,13 +54,6 @@ def run_cell(client, code, timeout=120):
     return reply["content"], "".join(out)
 
 
-def wait_for(predicate, limit=30.0):
-    deadline = time.monotonic() + limit
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_a_cell_shows_each_ranks_output_and_the_result(kernel):
     _, client, _ = kernel
     reply, out = run_cell(client, "hello.distributed()")
@@ -69,10 +62,24 @@ def test_a_cell_shows_each_ranks_output_and_the_result(kernel):
     assert "[0, 1]" in out
 
 
+def test_a_tracked_call_shows_its_run_as_a_link(kernel):
+    _, client, _ = kernel
+    shown = []
+
+    def on_output(message):
+        if message["msg_type"] == "display_data":
+            shown.append(message["content"]["data"].get("text/html", ""))
+
+    code = "sgpu.distributed(gpus=1)(lambda: 0).distributed()"
+    reply = client.execute_interactive(code, timeout=120, output_hook=on_output)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert len(shown) == 1 and '<a href="file://' in shown[0] and "MLflow run" in shown[0], shown
+
+
 def test_an_interrupt_tears_the_ranks_down(kernel):
     manager, client, marker = kernel
     message_id = client.execute("sleeps.distributed()")
-    assert wait_for(lambda: len(processes_with_marker(marker)) >= 3)  # kernel + 2 ranks
+    assert wait_until(lambda: len(processes_with_marker(marker)) >= 3)  # kernel + 2 ranks
     manager.interrupt_kernel()
     deadline = time.monotonic() + 60
     while True:
@@ -92,6 +99,6 @@ def test_shutting_the_kernel_down_leaves_no_rank(kernel):
     manager, client, marker = kernel
     reply, _ = run_cell(client, "handle = sleeps.launch()")
     assert reply["status"] == "ok", reply
-    assert wait_for(lambda: len(processes_with_marker(marker)) >= 3)
+    assert wait_until(lambda: len(processes_with_marker(marker)) >= 3)
     manager.shutdown_kernel(now=True)
-    assert wait_for(lambda: processes_with_marker(marker) == [], limit=20)
+    assert wait_until(lambda: processes_with_marker(marker) == [], limit=20)

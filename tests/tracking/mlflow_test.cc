@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
 #include "testing/mlflow_server.h"
 #include "tracking/rest/rest_store.h"
@@ -53,6 +54,9 @@ int train(int steps) {
 
 int fail_on_rank_3(int) {
   sgpu::log_metric("before_failure", sgpu::global_rank(), 1);
+  // Every rank has logged before rank 3 fails (on a loaded machine a rank can be torn
+  // down before it gets that far).
+  sgpu::process_group().barrier()->wait();
   if (sgpu::global_rank() == 3) throw std::runtime_error("rank 3 gives up");
   return 0;
 }

@@ -1,0 +1,115 @@
+"""`sgpu run -- python script.py`: a program's ranks keep a function's promises. What a rank
+started dies with the caller and with the program; torchrun's error files (@record) fill
+the failure table; the fault plan acts, or the call says it did not."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import processes_with_marker, wait_until
+
+SGPU = os.environ.get("SGPU_CLI", "")
+pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
+
+
+def run(tmp_path, body, *flags, env=None, timeout=120, wait=True):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    command = [SGPU, "run", "--backend", "sim", *flags, "--", sys.executable, str(script)]
+    child = subprocess.Popen(command, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return child
+    out, err = child.communicate(timeout=timeout)
+    return child.returncode, out, err
+
+
+def test_what_a_rank_started_dies_when_sgpu_run_is_killed(tmp_path):
+    marker = f"SGPU_TEST_MARKER={os.getpid()}-run-killed"
+    child = run(tmp_path, """
+        import subprocess, time
+        subprocess.Popen(["sleep", "1000"])
+        time.sleep(1000)
+        """, "--gpus", "2", env={"SGPU_TEST_MARKER": marker.split("=", 1)[1]}, wait=False)
+    # sgpu run, and for each rank its supervisor, the program and its sleep
+    assert wait_until(lambda: len(processes_with_marker(marker)) == 7), processes_with_marker(marker)
+    child.kill()
+    child.communicate()
+    assert wait_until(lambda: processes_with_marker(marker) == [], limit=10), processes_with_marker(marker)
+
+
+def test_what_a_program_left_behind_dies_when_it_ends(tmp_path):
+    marker = f"SGPU_TEST_MARKER={os.getpid()}-run-orphans"
+    code, out, err = run(tmp_path, """
+        import subprocess
+        # in a session of its own: out of the rank's process group
+        subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        print("left a sleep behind")
+        """, "--gpus", "2", env={"SGPU_TEST_MARKER": marker.split("=", 1)[1]})
+    assert code == 0, err
+    assert out.count("left a sleep behind") == 2
+    assert wait_until(lambda: processes_with_marker(marker) == [], limit=10), processes_with_marker(marker)
+
+
+def test_a_ranks_torchrun_error_file_fills_the_failure_table(tmp_path):
+    code, _, err = run(tmp_path, """
+        import os, time
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def main():
+            if os.environ["RANK"] == "1":
+                raise ValueError("rank one's data is bad")
+            time.sleep(30)
+
+        main()
+        """, "--gpus", "2")
+    assert code == 1
+    assert "rank 1" in err and "threw ValueError: rank one's data is bad" in err
+    assert "<- root cause" in err
+
+
+@pytest.mark.parametrize("plan, expect, code", [
+    ("rank=1:exit=3@start", "code 3", 3),
+    ("rank=0:segv@after=300ms", "SIGSEGV", 128 + signal.SIGSEGV),
+    ("rank=1:throw@start", "threw", 1),
+])
+def test_start_and_timed_faults_act_on_a_program(tmp_path, plan, expect, code):
+    rc, _, err = run(tmp_path, """
+        import time
+        time.sleep(20)
+        """, "--gpus", "2", env={"SGPU_SIM_FAULTS": plan})
+    assert rc == code, err
+    assert expect in err and "<- root cause" in err
+
+
+COLLECTIVES = """
+    import sgpu, torch, torch.distributed as dist
+    dist.init_process_group({backend!r})
+    for _ in range(4):
+        t = torch.ones(2)
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    print("done", t.tolist())
+"""
+
+
+def test_collective_faults_act_in_a_python_program_on_the_sgpu_backend(tmp_path):
+    rc, _, err = run(tmp_path, COLLECTIVES.format(backend="sgpu"), "--gpus", "2",
+                     env={"SGPU_SIM_FAULTS": "rank=1:segv@collective=2"})
+    assert rc == 128 + signal.SIGSEGV, err
+    assert "rank 1" in err and "SIGSEGV" in err
+
+
+def test_a_fault_that_never_acts_fails_the_call_instead_of_being_ignored(tmp_path):
+    # gloo's collectives are not sgpu's: the planned fault cannot act
+    rc, out, err = run(tmp_path, COLLECTIVES.format(backend="gloo"), "--gpus", "2",
+                       env={"SGPU_SIM_FAULTS": "rank=1:segv@collective=2"})
+    assert out.count("done") == 2
+    assert rc != 0
+    assert "the fault plan did not act" in err
+    assert "rank=1:segv@collective=2: rank 1 ran fewer than 2 collectives" in err
