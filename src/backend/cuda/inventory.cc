@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -101,13 +102,27 @@ struct RuntimeModule {
                              c10::intrusive_ptr<c10d::Backend>*) = nullptr;
 };
 
+// The module's path beside the binary or library this code is part of (the Python
+// package's extension module, with the module beside it in the wheel); "" when unknown.
+std::string beside_this_code() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&beside_this_code), &info) == 0 || info.dli_fname == nullptr) {
+    return "";
+  }
+  return (std::filesystem::path(info.dli_fname).parent_path() / SGPU_CUDA_MODULE_FILE_NAME)
+      .string();
+}
+
 const RuntimeModule& runtime_module() {
   static const RuntimeModule module = [] {
     const char* env = std::getenv("SGPU_CUDA_MODULE");
     std::string path = env != nullptr && *env != '\0' ? env : SGPU_CUDA_MODULE_PATH;
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (handle == nullptr && (env == nullptr || *env == '\0')) {
-      path = SGPU_CUDA_MODULE_INSTALLED_PATH;  // built here, used from the install prefix
+    // Built here, used elsewhere: beside this code (a wheel), then the install prefix.
+    for (const std::string& other :
+         {beside_this_code(), std::string(SGPU_CUDA_MODULE_INSTALLED_PATH)}) {
+      if (handle != nullptr || (env != nullptr && *env != '\0') || other.empty()) continue;
+      path = other;
       handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     }
     if (handle == nullptr) {
