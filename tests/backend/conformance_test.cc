@@ -167,13 +167,16 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
   options.console_ranks = std::vector<int>{};
   options.timeout = std::chrono::seconds(3);
   ::setenv("SGPU_TEST_MARKER", marker.c_str(), 1);
+  std::vector<pid_t> ranks;
   try {
     sgpu::distributed(allreduce_steps, options).distributed(5);
     RC_FAIL("the call succeeded under " + plan);
   } catch (const sgpu::TimeoutError& e) {
+    ranks = sgpu::testing::rank_pids(e);
     // A hang stops everyone: the rank that hangs and its peers waiting in the collective.
     RC_ASSERT(action == "hang");
   } catch (const sgpu::DistributedError& e) {
+    ranks = sgpu::testing::rank_pids(e);
     RC_ASSERT(action != "hang");
     const sgpu::RankFailure* root = e.root_cause();
     RC_ASSERT(root != nullptr);
@@ -184,6 +187,9 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
     if (action == "throw") RC_ASSERT(root->message.find("sgpu sim fault") != std::string::npos);
   }
   ::unsetenv("SGPU_TEST_MARKER");
+  RC_ASSERT(ranks.size() == static_cast<std::size_t>(gpus));
+  RC_ASSERT(sgpu::testing::eventually([&] { return sgpu::testing::alive_in_groups(ranks).empty(); },
+                                      std::chrono::seconds(2)));
   RC_ASSERT(sgpu::testing::eventually(
       [&] { return sgpu::testing::processes_with("SGPU_TEST_MARKER=" + marker).empty(); },
       std::chrono::seconds(2)));

@@ -66,7 +66,13 @@ E run_faulty(int gpus, int bad_rank, int fault, std::chrono::milliseconds* took,
   throw std::logic_error("the call did not fail");
 }
 
-void expect_nothing_left(const std::string& marker) {
+// No process of the call is left: not its ranks, nor what they started (by process
+// group, which sees fork-server ranks too), nor anything with its marker (exec).
+void expect_nothing_left(const std::string& marker, const sgpu::DistributedError& error) {
+  EXPECT_TRUE(sgpu::testing::eventually(
+      [&] { return sgpu::testing::alive_in_groups(sgpu::testing::rank_pids(error)).empty(); },
+      std::chrono::seconds(2)))
+      << "ranks of the call, or what they started, are left";
   EXPECT_TRUE(sgpu::testing::eventually(
       [&] { return sgpu::testing::processes_with("SGPU_TEST_MARKER=" + marker).empty(); },
       std::chrono::seconds(2)))
@@ -115,6 +121,9 @@ RC_GTEST_PROP(Failure, AnyFaultAtAnyRankIsReportedForThatRank, ()) {
   // Sleeping ranks die at the first SIGTERM; the grace period is never needed.
   RC_ASSERT(took < std::chrono::seconds(5));
   RC_ASSERT(sgpu::testing::eventually(
+      [&] { return sgpu::testing::alive_in_groups(sgpu::testing::rank_pids(error)).empty(); },
+      std::chrono::seconds(2)));
+  RC_ASSERT(sgpu::testing::eventually(
       [&] { return sgpu::testing::processes_with("SGPU_TEST_MARKER=" + marker).empty(); },
       std::chrono::seconds(2)));
   RC_ASSERT(sgpu::testing::children().empty());
@@ -130,7 +139,7 @@ TEST(Failure, HangPastTheTimeoutNamesTheRanksStillRunning) {
   for (const auto& row : error.ranks()) EXPECT_EQ(row.kind, sgpu::RankFailure::Kind::kTimedOut);
   EXPECT_GE(took, std::chrono::milliseconds(1500));
   EXPECT_LT(took, std::chrono::milliseconds(5000));
-  expect_nothing_left(marker);
+  expect_nothing_left(marker, error);
 }
 
 void ignore_sigterm_and_hang(int) {

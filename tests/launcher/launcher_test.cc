@@ -224,8 +224,17 @@ TEST(Launcher, CancelTearsDownAndRaisesCancelled) {
   auto launch = sgpu::distributed(sleep_then_rank, sim(2)).launch(60'000);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   launch.cancel();
-  EXPECT_THROW(launch.wait(), sgpu::CancelledError);
+  std::vector<pid_t> ranks;
+  try {
+    launch.wait();
+    ADD_FAILURE() << "a cancelled call succeeded";
+  } catch (const sgpu::CancelledError& e) {
+    ranks = sgpu::testing::rank_pids(e);
+  }
   ::unsetenv("SGPU_TEST_MARKER");
+  ASSERT_EQ(ranks.size(), 2u);
+  // Seen by process group: the marker is not in fork-server ranks' /proc environ.
+  EXPECT_TRUE(sgpu::testing::alive_in_groups(ranks).empty());
   EXPECT_TRUE(sgpu::testing::processes_with("SGPU_TEST_MARKER=cancel-test").empty());
   EXPECT_TRUE(sgpu::testing::children().empty());
 }

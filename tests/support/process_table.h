@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "launcher/fork_server.h"
+#include "sgpu/errors.h"
 
 namespace sgpu::testing {
 
@@ -36,6 +38,28 @@ inline std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A process's state, parent and process group, from /proc/PID/stat; std::nullopt when it
+// is gone.
+struct ProcessStat {
+  char state = 0;
+  pid_t ppid = 0;
+  pid_t pgrp = 0;
+};
+inline std::optional<ProcessStat> stat_of(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');  // after "pid (comm) ": state, ppid, pgrp
+  ProcessStat fields;
+  int ppid = 0;
+  int pgrp = 0;
+  if (close == std::string::npos ||
+      std::sscanf(stat.c_str() + close + 1, " %c %d %d", &fields.state, &ppid, &pgrp) != 3) {
+    return std::nullopt;
+  }
+  fields.ppid = ppid;
+  fields.pgrp = pgrp;
+  return fields;
+}
+
 // Processes whose environment holds `marker` ("NAME=value"), leaving out this process and
 // its fork server, which outlive calls by design.
 inline std::vector<pid_t> processes_with(const std::string& marker) {
@@ -49,19 +73,38 @@ inline std::vector<pid_t> processes_with(const std::string& marker) {
   return found;
 }
 
+// Live processes (zombies left out) that are one of `groups` or in the process group of
+// one. A rank, started either way, leads a process group of its own, which what it starts
+// joins: given a call's rank pids, this finds the ranks and what they left behind. Unlike
+// processes_with, it sees ranks forked by the fork server, whose /proc/PID/environ is the
+// server's, so a marker set after the server started is not in it.
+inline std::vector<pid_t> alive_in_groups(const std::vector<pid_t>& groups) {
+  std::vector<pid_t> found;
+  for (pid_t pid : all_pids()) {
+    const auto stat = stat_of(pid);
+    if (!stat || stat->state == 'Z') continue;
+    for (pid_t group : groups) {
+      if (group > 0 && (pid == group || stat->pgrp == group)) {
+        found.push_back(pid);
+        break;
+      }
+    }
+  }
+  return found;
+}
+
+// The pids of a failed call's ranks, from its rows.
+inline std::vector<pid_t> rank_pids(const DistributedError& error) {
+  std::vector<pid_t> pids;
+  for (const RankFailure& row : error.ranks()) pids.push_back(row.pid);
+  return pids;
+}
+
 // Children of `parent`, zombies included.
 inline std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> found;
   for (pid_t pid : all_pids()) {
-    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    // After "pid (comm) ": state, then ppid.
-    int ppid = 0;
-    char state = 0;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) {
-      found.push_back(pid);
-    }
+    if (const auto stat = stat_of(pid); stat && stat->ppid == parent) found.push_back(pid);
   }
   return found;
 }
