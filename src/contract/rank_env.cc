@@ -12,6 +12,11 @@ std::string env_text(const char* name) {
 
 }  // namespace
 
+std::string env_string(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
 long long env_int(const char* name, long long fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? std::atoll(value) : fallback;

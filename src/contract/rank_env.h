@@ -62,4 +62,7 @@ RankEnvironment read_rank_environment();
 // The integer in environment variable `name`, or `fallback` when it is unset or empty.
 long long env_int(const char* name, long long fallback);
 
+// The value of environment variable `name`, or "" when it is unset.
+std::string env_string(const char* name);
+
 }  // namespace sgpu::contract

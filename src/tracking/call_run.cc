@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "contract/rank_env.h"
 #include "sgpu/config.h"
 #include "tracking/active_run.h"
 #include "tracking/pending.h"
@@ -13,10 +14,7 @@
 namespace sgpu::tracking {
 namespace {
 
-std::string env_or_empty(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
+using contract::env_string;
 
 std::string host_name() {
   char name[256] = {0};
@@ -60,16 +58,16 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
   } else if (scope) {
     parent = scope->run_id;
     parent_experiment = scope->experiment_id;
-  } else if (std::string id = env_or_empty("MLFLOW_RUN_ID"); !id.empty()) {
+  } else if (std::string id = env_string("MLFLOW_RUN_ID"); !id.empty()) {
     parent = id;
   }
   try {
     std::string experiment_id;
     if (!experiment_option.empty()) {
       experiment_id = store->experiment_by_name(experiment_option);
-    } else if (std::string name = env_or_empty("MLFLOW_EXPERIMENT_NAME"); !name.empty()) {
+    } else if (std::string name = env_string("MLFLOW_EXPERIMENT_NAME"); !name.empty()) {
       experiment_id = store->experiment_by_name(name);
-    } else if (std::string id = env_or_empty("MLFLOW_EXPERIMENT_ID"); !id.empty()) {
+    } else if (std::string id = env_string("MLFLOW_EXPERIMENT_ID"); !id.empty()) {
       store->check_experiment(id);
       experiment_id = id;
     } else if (!parent.empty()) {
@@ -126,6 +124,8 @@ std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() con
       {"MLFLOW_RUN_ID", info_.run_id},
       {"MLFLOW_TRACKING_URI", store_->uri()},
       {"MLFLOW_EXPERIMENT_ID", info_.experiment_id},
+      {kRankRunIdVar, info_.run_id},
+      {kRankTrackingUriVar, store_->uri()},
       {"SGPU_TRACKING", "on"}};
   for (auto& entry : store_->client_environment()) environment.push_back(std::move(entry));
   return environment;

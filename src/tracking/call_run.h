@@ -44,6 +44,11 @@ struct CallRunRequest {
   std::string parent_run_id;
 };
 
+// The call's run and store, for the rank logger (tracking/rank_logger.h): MLflow's client
+// in a rank removes MLFLOW_RUN_ID from the environment when it resumes that run.
+inline constexpr const char* kRankRunIdVar = "SGPU_TRACKING_RUN_ID";
+inline constexpr const char* kRankTrackingUriVar = "SGPU_TRACKING_URI";
+
 class CallRun {
  public:
   // nullptr when tracking is off (request.tracking false, or SGPU_TRACKING=off) or the
@@ -51,7 +56,8 @@ class CallRun {
   // never work.
   static std::unique_ptr<CallRun> begin(const CallRunRequest& request);
 
-  // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks.
+  // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks, and sgpu's own
+  // copies of the first two for the rank logger (kRankRunIdVar, kRankTrackingUriVar).
   std::vector<std::pair<std::string, std::string>> rank_environment() const;
   // Sends the ranks' spools from `run_dir` (empty: none), then ends the run with
   // `status`; then sends the runs of earlier calls to this store that are pending in the

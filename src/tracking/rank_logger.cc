@@ -7,6 +7,7 @@
 
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "tracking/call_run.h"
 #include "tracking/run_logger.h"
 
 namespace sgpu::tracking {
@@ -16,9 +17,14 @@ std::atomic<RunLogger*> g_logger{nullptr};
 std::once_flag g_once;
 
 void create() {
-  const char* run_id = std::getenv("MLFLOW_RUN_ID");
-  if (!tracking_enabled_by_environment() || run_id == nullptr || *run_id == '\0') return;
-  const std::string uri = tracking_uri_from_environment();
+  // sgpu's own copies first: MLflow's client removes MLFLOW_RUN_ID from the environment
+  // when it resumes the run it names, so a rank whose code used mlflow.log_metric first
+  // would find no run (tracking/call_run.h, CallRun::rank_environment).
+  std::string run_id = contract::env_string(kRankRunIdVar);
+  if (run_id.empty()) run_id = contract::env_string("MLFLOW_RUN_ID");
+  if (!tracking_enabled_by_environment() || run_id.empty()) return;
+  std::string uri = contract::env_string(kRankTrackingUriVar);
+  if (uri.empty()) uri = tracking_uri_from_environment();
   std::unique_ptr<Store> store;
   try {
     // Patient with a busy server: the time a rank's end waits is bounded by
