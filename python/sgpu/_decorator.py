@@ -184,7 +184,13 @@ def _show_link_in_notebook(name: str, link: str) -> None:
         import html
         import pathlib
 
-        href = link if "://" in link else pathlib.Path(link).absolute().as_uri()
+        if link.startswith(("http://", "https://")):  # the run's page on the server
+            href = link
+        elif pathlib.Path(link).is_dir():  # the run's folder in a file store
+            href = pathlib.Path(link).absolute().as_uri()
+        else:  # a database: nothing a browser opens
+            display(HTML(f"sgpu: {html.escape(name)} is tracked in {html.escape(link)}"))
+            return
         display(HTML(f'sgpu: {html.escape(name)} is tracked in MLflow run '
                      f'<a href="{html.escape(href)}" target="_blank">{html.escape(link)}</a>'))
     except Exception:  # a display that fails must not stop the call

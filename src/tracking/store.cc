@@ -4,6 +4,7 @@
 
 #include "sgpu/config.h"
 #include "tracking/file/file_store.h"
+#include "tracking/sqlite/sqlite_store.h"
 #if SGPU_WITH_TRACKING_SERVER
 #include "tracking/rest/rest_store.h"
 #endif
@@ -21,14 +22,15 @@ std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& ser
         "or use MLflow's file store (MLFLOW_TRACKING_URI=file:/path), or SGPU_TRACKING=off");
 #endif
   }
+  if (uri.rfind("sqlite:", 0) == 0) return std::make_unique<SqliteStore>(uri);
   if (uri.empty() || uri.rfind("file:", 0) == 0 || uri.find("://") == std::string::npos) {
     return std::make_unique<FileStore>(file_store_root(uri));
   }
   throw TrackingError("tracking: unsupported tracking URI scheme in '" +
                       uri.substr(0, uri.find("://")) +
-                      "://...': sgpu writes to an MLflow server (http:// or https://) or to "
-                      "MLflow's file store (file: or a path); set MLFLOW_TRACKING_URI to one "
-                      "of those, or SGPU_TRACKING=off");
+                      "://...': sgpu writes to an MLflow server (http:// or https://), to an "
+                      "MLflow database (sqlite:///path) or to MLflow's file store (file: or a "
+                      "path); set MLFLOW_TRACKING_URI to one of those, or SGPU_TRACKING=off");
 }
 
 std::string tracking_uri_from_environment() {

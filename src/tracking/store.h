@@ -1,8 +1,9 @@
 // Where runs go: one small interface over MLflow's stores.
 //
-// A Store creates experiments and runs, appends batches to a run and ends it. Two
+// A Store creates experiments and runs, appends batches to a run and ends it. Three
 // implementations repeat the same names: file/file_store.h writes MLflow's own file-store
-// layout (`./mlruns`), rest/rest_store.h speaks MLflow's REST API to a tracking server.
+// layout (`./mlruns`), sqlite/sqlite_store.h MLflow's SQL store in a SQLite database,
+// rest/rest_store.h speaks MLflow's REST API to a tracking server.
 // Every method may be called from several threads and several processes at once; a
 // Store never keeps a run's state in memory, so a rank and its caller can each open one
 // on the same run. Failures are TrackingError with a message fit for a user (never a
@@ -67,7 +68,8 @@ struct RetryPolicy {
 };
 
 // The store for `uri`: `http(s)://...` is a server (retrying as `server_retry` says),
-// `file:...`, a path, or empty (then `./mlruns`) is the file store. Anything else is a
+// `sqlite:///path` an MLflow database (sqlite/sqlite_store.h), `file:...`, a path, or
+// empty (then `./mlruns`) is the file store. Anything else is a
 // TrackingError naming what is supported.
 std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& server_retry = {});
 

@@ -106,13 +106,16 @@ int log_before_and_after(int pause_ms) {
 }
 
 // The stores a test runs against.
-enum class Where { kServer, kFiles };
+enum class Where { kServer, kFiles, kDatabase };
 
 class Tracking : public ::testing::TestWithParam<Where> {
  protected:
   void SetUp() override {
     if (GetParam() == Where::kServer) {
       uri_ = server().uri();
+    } else if (GetParam() == Where::kDatabase) {
+      files_ = sgpu::testing::make_temp_dir("sgpu-mlflow-db");
+      uri_ = "sqlite:///" + (files_ / "mlflow.db").string();
     } else {
       files_ = sgpu::testing::make_temp_dir("sgpu-mlruns");
       uri_ = "file://" + (files_ / "mlruns").string();
@@ -193,6 +196,9 @@ TEST_P(Tracking, TheLaunchSaysWhereItsRunIsShown) {
     EXPECT_NE(link.find("/#/experiments/" + parent.experiment_id() + "/runs/" + id),
               std::string::npos)
         << link;
+  } else if (GetParam() == Where::kDatabase) {
+    EXPECT_EQ(link.rfind(uri_, 0), 0u) << link;
+    EXPECT_NE(link.find("run " + id), std::string::npos) << link;
   } else {
     EXPECT_EQ(std::filesystem::path(link).filename(), id) << link;
     EXPECT_TRUE(std::filesystem::is_directory(link)) << link;
@@ -241,8 +247,8 @@ TEST_P(Tracking, BadInputIsRefusedAtTheCallOrStoredAsMlflowStoresItAndNeighbours
   EXPECT_EQ(r["info"]["status"], "FINISHED");
   for (const json& point : r["metrics"]["nan"]) EXPECT_EQ(point[1], "nan");
   ASSERT_EQ(r["metrics"]["nan"].size(), 2u);
-  // The file store keeps infinities; a database-backed server stores them as the
-  // largest double, as MLflow does.
+  // The file store keeps infinities; a database (sgpu's, or the server's) stores them as
+  // the largest double, as MLflow does.
   ASSERT_EQ(r["metrics"]["inf"].size(), 2u);
   ASSERT_EQ(r["metrics"]["neg_inf"].size(), 2u);
   for (const json& point : r["metrics"]["inf"]) {
@@ -294,9 +300,12 @@ TEST(TrackingFiles, MlflowMigrateFilestoreMovesTheRunsIntoADatabase) {
   EXPECT_EQ(after["metrics"]["loss"].size(), static_cast<std::size_t>(2 * kSteps));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, Tracking, ::testing::Values(Where::kFiles, Where::kServer),
+INSTANTIATE_TEST_SUITE_P(Stores, Tracking,
+                         ::testing::Values(Where::kFiles, Where::kDatabase, Where::kServer),
                          [](const auto& info) {
-                           return info.param == Where::kServer ? "server" : "files";
+                           return info.param == Where::kServer     ? "server"
+                                  : info.param == Where::kDatabase ? "database"
+                                                                   : "files";
                          });
 
 TEST(TrackingServer, StoppedMidRunAndBackEveryMetricArrivesOnce) {

@@ -1,0 +1,95 @@
+"""Calls tracked in an MLflow database (sqlite:///...): MLflow's own client, `mlflow server`
+and the ranks' own mlflow.log_metric all work on the database sgpu writes."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import mlflow
+import pytest
+
+import sgpu
+from conftest import wait_until
+from sgpu import distributed
+
+
+@pytest.fixture
+def database(tmp_path, monkeypatch):
+    uri = "sqlite:///" + str(tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # no file store here
+    return uri
+
+
+def logs_both_ways(points):
+    import mlflow
+
+    rank = sgpu.get_global_rank()
+    for step in range(points):
+        mlflow.log_metric(f"mlflow/r{rank}", float(step), step=step)
+        sgpu.log_metric(f"sgpu/r{rank}", float(step), step=step)
+    mlflow.log_param(f"p{rank}", rank)
+    return rank
+
+
+def test_mlflows_client_and_sgpus_logger_in_eight_ranks_lose_nothing(database):
+    points = 1000
+    assert distributed(gpus=8, timeout=600)(logs_both_ways).distributed(points) == list(range(8))
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "logs_both_ways"
+    client = mlflow.MlflowClient()
+    for rank in range(8):
+        for key in (f"mlflow/r{rank}", f"sgpu/r{rank}"):
+            history = client.get_metric_history(run.info.run_id, key)
+            assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(points)], key
+        assert run.data.params[f"p{rank}"] == str(rank)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mlflow_server_on_the_database_lists_the_calls_runs(database, tmp_path):
+    @distributed(gpus=2)
+    def nested():
+        import mlflow
+
+        mlflow.log_metric("m", 1.0)
+        return sgpu.get_global_rank()
+
+    with mlflow.start_run(run_name="outer") as outer:
+        assert nested.distributed() == [0, 1]
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", database,
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def up():
+            try:
+                return urllib.request.urlopen(base + "/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        assert wait_until(up, limit=60)
+        request = urllib.request.Request(
+            base + "/api/2.0/mlflow/runs/search", method="POST",
+            data=json.dumps({"experiment_ids": ["0"]}).encode(),
+            headers={"Content-Type": "application/json"})
+        runs = json.load(urllib.request.urlopen(request, timeout=10))["runs"]
+        by_name = {r["info"]["run_name"]: r for r in runs}
+        assert set(by_name) == {"outer", "nested"}
+        tags = {t["key"]: t["value"] for t in by_name["nested"]["data"]["tags"]}
+        assert tags["mlflow.parentRunId"] == outer.info.run_id
+        assert by_name["nested"]["info"]["status"] == "FINISHED"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
