@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "sgpu/checkpoint/checkpoint.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/group.h"
@@ -150,7 +151,7 @@ void BM_FloorRead(benchmark::State& state) {
 Timing run_ranks(int ranks) {
   static std::map<int, Timing> done;
   if (done.count(ranks)) return done[ranks];
-  sgpu::Options options;
+  sgpu::Options options = sgpu::bench::options();
   options.gpus = ranks;
   options.backend = "sim";
   options.console_ranks = std::vector<int>{};

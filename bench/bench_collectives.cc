@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "bench_options.h"
 #include "collectives/collective_sweep.h"
 #include "collectives/floor.h"
 #include "sgpu/config.h"
@@ -423,7 +424,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  sgpu::Options options;
+  sgpu::Options options = sgpu::bench::options();
   options.backend = config.backend;
   options.gpu_type = config.gpu_type;
   options.name = "collective_sweep";

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "sgpu/sgpu.h"
 
 extern char** environ;
@@ -102,7 +103,7 @@ void BM_ExecThisBinary(benchmark::State& state) {
 }
 
 void time_sgpu(benchmark::State& state, sgpu::StartMethod method) {
-  sgpu::Options options;
+  sgpu::Options options = sgpu::bench::options();
   options.backend = "sim";
   options.start_method = method;
   time_launches(state, [&](int ranks) {
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   {
     // The first call of a process starts the fork server: its cost, once.
-    sgpu::Options options;
+    sgpu::Options options = sgpu::bench::options();
     options.backend = "sim";
     options.gpus = 8;
     const auto start = std::chrono::steady_clock::now();

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "sgpu/parallel/ddp.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/group.h"
@@ -134,7 +135,7 @@ Timing time_steps(Config config) {
 }
 
 Timing run(bool wide, const std::string& strategy, int ranks) {
-  sgpu::Options options;
+  sgpu::Options options = sgpu::bench::options();
   options.gpus = ranks;
   options.backend = "sim";
   options.console_ranks = std::vector<int>{};

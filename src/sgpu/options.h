@@ -52,8 +52,9 @@ struct Options {
   std::string name;  // shown in logs and errors; empty: the function's name
   // Experiment tracking (README "Tracking"): each call is an MLflow run.
   bool tracking = true;      // false: no run, nothing written; SGPU_TRACKING=off does the same
-  std::string tracking_uri;  // http(s)://server or file:/path; empty: MLFLOW_TRACKING_URI,
-                             // else MLflow's file store in ./mlruns
+  std::string tracking_uri;  // http(s)://server, sqlite:///path.db or file:/path; empty:
+                             // MLFLOW_TRACKING_URI, else MLflow's own default: ./mlruns when
+                             // it holds runs already, else sqlite:///mlflow.db
   std::string experiment;    // experiment name, created if missing; empty:
                              // MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else Default
 };

@@ -2,11 +2,11 @@
 // gone.
 //
 // begin() picks the store (the request's tracking_uri, else MLFLOW_TRACKING_URI, else
-// ./mlruns), the experiment (the request's experiment, else MLFLOW_EXPERIMENT_NAME, else
-// MLFLOW_EXPERIMENT_ID, else the parent run's, else Default; a named one is created when
-// missing) and the parent (the innermost sgpu::tracking::Run, else MLFLOW_RUN_ID in the
-// caller's environment), records the call's params and tags and prints the run's link.
-// A store that cannot be reached does not fail the call: begin() says so once and the
+// MLflow's default: tracking/store.h), the experiment (the request's experiment, else
+// MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else the parent run's, else Default; a named
+// one is created when missing) and the parent (the innermost sgpu::tracking::Run, else
+// MLFLOW_RUN_ID in the caller's environment), records the call's params and tags and prints the
+// run's link. A store that cannot be reached does not fail the call: begin() says so once and the
 // call runs untracked. end() first sends what ranks spooled (rank-*/tracking-spool.jsonl),
 // then sets the run's status; when the store is unreachable by then, the run is left
 // pending in its run folder (tracking/pending.h, NOTE [Pending runs]).
@@ -29,7 +29,7 @@ namespace sgpu::tracking {
 // the facts the launcher found out.
 struct CallRunRequest {
   bool tracking = true;      // Options::tracking
-  std::string tracking_uri;  // Options::tracking_uri; empty: MLFLOW_TRACKING_URI, ./mlruns
+  std::string tracking_uri;  // Options::tracking_uri; empty: tracking_uri_from_environment()
   std::string experiment;    // Options::experiment; empty: from the environment
   std::string run_name;      // Options::name; empty: the function's name
   int gpus = 1;

@@ -1,6 +1,7 @@
 #include "tracking/store.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "sgpu/config.h"
 #include "tracking/file/file_store.h"
@@ -33,9 +34,25 @@ std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& ser
                       "path); set MLFLOW_TRACKING_URI to one of those, or SGPU_TRACKING=off");
 }
 
+bool has_mlruns_data(const std::filesystem::path& folder) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos &&
+        entry.is_directory(ec) && std::filesystem::exists(entry.path() / "meta.yaml", ec)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string default_tracking_uri() {
+  return has_mlruns_data("mlruns") ? std::string() : std::string(kDefaultDatabaseUri);
+}
+
 std::string tracking_uri_from_environment() {
   const char* uri = std::getenv("MLFLOW_TRACKING_URI");
-  return uri != nullptr ? uri : "";
+  return uri != nullptr && *uri != '\0' ? uri : default_tracking_uri();
 }
 
 bool tracking_enabled_by_environment() {

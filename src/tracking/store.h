@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,7 +74,18 @@ struct RetryPolicy {
 // TrackingError naming what is supported.
 std::unique_ptr<Store> open_store(const std::string& uri, const RetryPolicy& server_retry = {});
 
-// MLFLOW_TRACKING_URI, or "" (the file store under ./mlruns).
+// MLflow's own default store: a database in the working folder.
+inline constexpr const char* kDefaultDatabaseUri = "sqlite:///mlflow.db";
+
+// True when `folder` holds MLflow file-store data (an experiment folder, named by a number,
+// with its meta.yaml), as MLflow 3 decides whether ./mlruns is still the default.
+bool has_mlruns_data(const std::filesystem::path& folder);
+
+// MLflow's default, as MLflow 3 chooses it: "" (the file store, ./mlruns) when ./mlruns
+// already holds data, else kDefaultDatabaseUri.
+std::string default_tracking_uri();
+
+// MLFLOW_TRACKING_URI, else default_tracking_uri().
 std::string tracking_uri_from_environment();
 
 // False when tracking is turned off: SGPU_TRACKING=off (or 0, false, no).

@@ -2,6 +2,7 @@
 and the ranks' own mlflow.log_metric all work on the database sgpu writes."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -49,13 +50,76 @@ def test_mlflows_client_and_sgpus_logger_in_eight_ranks_lose_nothing(database):
         assert run.data.params[f"p{rank}"] == str(rank)
 
 
+READ_BACK = """
+import json, mlflow
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+client = mlflow.MlflowClient()
+print(json.dumps([{
+    "name": r.info.run_name, "status": r.info.status, "tags": r.data.tags,
+    "params": r.data.params,
+    "loss": sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, "loss")),
+} for r in runs]))
+"""
+
+
+def read_back_in(folder) -> list:
+    """The runs MLflow's own client finds in `folder` with no MLflow variable set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    out = subprocess.run([sys.executable, "-c", READ_BACK], cwd=folder, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def logs_loss():
+    import mlflow
+
+    for step in range(5):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+    return sgpu.get_global_rank()
+
+
+def test_with_no_setting_a_call_lands_in_mlflows_default_database(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert distributed(gpus=2)(logs_loss).distributed() == [0, 1]
+    assert (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    (run,) = read_back_in(tmp_path)
+    assert run["name"] == "logs_loss" and run["status"] == "FINISHED"
+    assert run["params"]["gpus"] == "2"
+    # both ranks logged the same points
+    assert sorted({tuple(point) for point in run["loss"]}) == [(s, 1.0 / (s + 1)) for s in range(5)]
+
+
+def test_a_folder_whose_mlruns_holds_runs_keeps_using_it(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI",):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    distributed(gpus=1, tracking_uri="mlruns")(logs_loss).distributed()  # a file store here
+    distributed(gpus=1)(logs_loss).distributed()  # MLflow's rule: ./mlruns has data, so it
+    assert not (tmp_path / "mlflow.db").exists()
+    assert len(read_back_in_file_store(tmp_path)) == 2
+
+
+def read_back_in_file_store(folder) -> list:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    out = subprocess.run([sys.executable, "-c", READ_BACK], cwd=folder, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_mlflow_server_on_the_database_lists_the_calls_runs(database, tmp_path):
+def test_mlflow_ui_with_no_flags_lists_the_calls_runs(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    database = "sqlite:///mlflow.db"  # what the Python client uses here too, by default
     @distributed(gpus=2)
     def nested():
         import mlflow
@@ -66,10 +130,11 @@ def test_mlflow_server_on_the_database_lists_the_calls_runs(database, tmp_path):
     with mlflow.start_run(run_name="outer") as outer:
         assert nested.distributed() == [0, 1]
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", database,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
 

@@ -345,6 +345,19 @@ TEST(SqliteStore, ADatabaseItCannotWriteSaysWhatToRun) {
   EXPECT_THROW(SqliteStore("sqlite:///:memory:"), TrackingError);
 }
 
+TEST(DefaultStore, IsMlflowsDatabaseUnlessMlrunsHoldsRunsAsMlflowDecides) {
+  const fs::path folder = sgpu::testing::make_temp_dir("sgpu-default-store");
+  const fs::path before = fs::current_path();
+  fs::current_path(folder);
+  EXPECT_EQ(default_tracking_uri(), "sqlite:///mlflow.db");
+  fs::create_directories(folder / "mlruns" / ".trash");  // no experiment: not data yet
+  fs::create_directories(folder / "mlruns" / "0");
+  EXPECT_EQ(default_tracking_uri(), "sqlite:///mlflow.db");
+  std::ofstream(folder / "mlruns" / "0" / "meta.yaml") << "name: Default\n";
+  EXPECT_EQ(default_tracking_uri(), "");  // the file store in ./mlruns
+  fs::current_path(before);
+}
+
 TEST(SqliteStore, EightProcessesWritingAtOnceLoseNothing) {
   const std::string uri = db_uri();
   std::string run_id;
