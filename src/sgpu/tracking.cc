@@ -3,6 +3,7 @@
 #include <exception>
 #include <iostream>
 
+#include "contract/rank_env.h"
 #include "sgpu/runtime.h"
 #include "tracking/active_run.h"
 #include "tracking/call_run.h"
@@ -15,7 +16,10 @@ namespace {
 // The logger this process's logging calls go to: the rank's, or the caller's innermost
 // Run's; nullptr when there is none (then logging does nothing).
 std::shared_ptr<tracking::RunLogger> current_logger() {
-  if (is_rank()) {
+  // A rank, or a program's rank (sgpu run), which has no role left (its supervisor
+  // drops it) but has the call's run in its environment.
+  static const bool in_a_rank = is_rank() || !contract::env_string(tracking::kRankRunIdVar).empty();
+  if (in_a_rank) {
     // The rank's logger is made once and lives until the process ends; the shared_ptr,
     // made once too, does not own it.
     static const std::shared_ptr<tracking::RunLogger> rank = [] {

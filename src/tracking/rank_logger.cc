@@ -14,6 +14,7 @@ namespace sgpu::tracking {
 namespace {
 
 std::atomic<RunLogger*> g_logger{nullptr};
+constexpr auto kProgramExitFlushLimit = std::chrono::seconds(10);
 std::once_flag g_once;
 
 void create() {
@@ -44,6 +45,9 @@ void create() {
   }
   // Never destroyed: a rank ends with _exit after close_rank_logger.
   g_logger.store(new RunLogger(std::move(store), std::move(settings)));
+  // A program's rank (sgpu run) ends as the program does, with exit(): what it logged is
+  // sent then, within the limit a function's rank has (what is left is spooled).
+  std::atexit([] { close_rank_logger(kProgramExitFlushLimit); });
 }
 
 }  // namespace

@@ -113,3 +113,25 @@ def test_a_fault_that_never_acts_fails_the_call_instead_of_being_ignored(tmp_pat
     assert rc != 0
     assert "the fault plan did not act" in err
     assert "rank=1:segv@collective=2: rank 1 ran fewer than 2 collectives" in err
+
+
+def test_mlflow_and_sgpu_logging_in_a_scripts_ranks_both_arrive_once(tmp_path):
+    database = "sqlite:///" + str(tmp_path / "mlflow.db")
+    points = 300
+    code, _, err = run(tmp_path, f"""
+        import os, mlflow, sgpu
+        rank = int(os.environ["RANK"])
+        for step in range({points}):
+            mlflow.log_metric(f"mlflow/r{{rank}}", float(step), step=step)
+            sgpu.log_metric(f"sgpu/r{{rank}}", float(step), step=step)
+        """, "--gpus", "8", env={"MLFLOW_TRACKING_URI": database})
+    assert code == 0, err
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=database)
+    (run_,) = client.search_runs(experiment_ids=["0"])
+    assert run_.info.status == "FINISHED" and run_.info.run_name == "script.py"
+    for rank in range(8):
+        for key in (f"mlflow/r{rank}", f"sgpu/r{rank}"):
+            history = client.get_metric_history(run_.info.run_id, key)
+            assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(points)], key
