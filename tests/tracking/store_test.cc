@@ -503,6 +503,25 @@ TEST(PendingRuns, SyncSendsTheSpoolsEndsTheRunAsRecordedAndRemovesWhatItSent) {
   EXPECT_EQ(lines_of(a_dir / "metrics" / "rank_0" / "loss").size(), 3u);
 }
 
+TEST(PendingRuns, SyncSendsIntoAnMlflowDatabaseToo) {
+  const fs::path folder = sgpu::testing::make_temp_dir("sgpu-store-test");
+  const fs::path runs = folder / "runs";
+  SqliteStore store("sqlite:///" + (folder / "mlflow.db").string());
+  const RunInfo a = store.create_run("0", "a", 1700000000000, {});
+  const fs::path kept_only = pending_folder(
+      runs, "a", {store.uri(), a.run_id, RunStatus::kFinished, 1700000005000, true}, 3);
+  const auto synced = sync_pending_runs(runs, store.uri());
+  ASSERT_EQ(synced.size(), 1u);
+  EXPECT_TRUE(synced[0].done && synced[0].ended) << describe(synced[0]);
+  const RunInfo got = store.get_run(a.run_id);
+  EXPECT_EQ(got.status, RunStatus::kFinished);
+  EXPECT_EQ(got.end_time_ms, 1700000005000);
+  EXPECT_EQ(query(store.path(), "SELECT count(*) FROM metrics WHERE run_uuid = '" + a.run_id + "'"),
+            "6");
+  EXPECT_FALSE(fs::exists(kept_only));
+  EXPECT_TRUE(sync_pending_runs(runs, store.uri()).empty());  // nothing is sent twice
+}
+
 TEST(PendingRuns, AStoreStillUnreachableLeavesEverythingAndAFolderBeingSentIsSkipped) {
   const fs::path runs = temp_root().parent_path() / "runs";
   const fs::path down = pending_folder(
