@@ -56,7 +56,7 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
 set(CPACK_GENERATOR DEB)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-  "libcereal-dev, nlohmann-json3-dev, zlib1g-dev, libgloo-dev, libgtest-dev, libbenchmark-dev")
+  "libcereal-dev, nlohmann-json3-dev, zlib1g-dev, libsqlite3-dev, libgloo-dev, libgtest-dev, libbenchmark-dev")
 # The same prefix the build compiled in (where the cuda backend looks for its module).
 set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
 include(CPack)
