@@ -13,6 +13,7 @@ returns, through the C++ launcher (python/native/module.cc, src/launcher/).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import linecache
 import os
@@ -145,7 +146,7 @@ def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> Ba
     remote = "".join(record["traceback"]) if record else ""
     if remote:  # said in the message unless its stderr tail showed it already
         rows = [
-            type(row)(**{**row.__dict__, "traceback": remote}) if row.rank == root.rank else row
+            dataclasses.replace(row, traceback=remote) if row.rank == root.rank else row
             for row in error.ranks
         ]
         message = str(error)
@@ -166,7 +167,8 @@ def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> Ba
 def fork_server_command() -> list:
     """The Python fork server for this interpreter (sgpu/_fork_server.py): it preloads torch
     and the modules SGPU_FORK_SERVER_PRELOAD names (comma-separated)."""
-    preload = ",".join(["torch"] + [m for m in os.environ.get("SGPU_FORK_SERVER_PRELOAD", "").split(",") if m])
+    extra = os.environ.get("SGPU_FORK_SERVER_PRELOAD", "").split(",")
+    preload = ",".join(["torch"] + [name for name in extra if name])
     return [sys.executable, "-m", "sgpu._fork_server", preload]
 
 

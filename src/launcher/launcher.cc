@@ -154,15 +154,16 @@ struct RankSlot {
 
 class CallImpl final : public detail::Call {
  public:
-  CallImpl(CallKind kind, Options options, serialize::CallRecord record,
-           std::vector<std::string> command, ConsoleSink console, std::string backend_name,
-           std::vector<std::string> backend_env, backend::Selection selection,
-           std::filesystem::path run_dir, std::unique_ptr<tracking::CallRun> tracking)
+  // `spec`: a program's or worker's call (WorkerCall's fields; a program's has only its
+  // command); empty for a function's.
+  CallImpl(CallKind kind, Options options, serialize::CallRecord record, WorkerCall spec,
+           std::string backend_name, std::vector<std::string> backend_env,
+           backend::Selection selection, std::filesystem::path run_dir,
+           std::unique_ptr<tracking::CallRun> tracking)
       : kind_(kind),
         options_(std::move(options)),
         record_(std::move(record)),
-        command_(std::move(command)),
-        console_(std::move(console)),
+        spec_(std::move(spec)),
         backend_name_(std::move(backend_name)),
         backend_env_(std::move(backend_env)),
         selection_(std::move(selection)),
@@ -178,10 +179,9 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  void start(StartMethod method, bool catch_signals, const std::vector<std::string>& fork_server) {
-    catch_signals_ = catch_signals;
+  void start(StartMethod method) {
     starter_ = kind_ == CallKind::kWorker && method == StartMethod::kForkServer
-                   ? make_fork_server_starter(fork_server)
+                   ? make_fork_server_starter(spec_.fork_server)
                    : make_starter(method);
     store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });
@@ -233,7 +233,7 @@ class CallImpl final : public detail::Call {
            " ranks of " + function_label() + " failed";
   }
   std::string function_label() const {
-    if (kind_ == CallKind::kProgram) return command_.front();
+    if (kind_ == CallKind::kProgram) return spec_.command.front();
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
   }
 
@@ -317,16 +317,16 @@ class CallImpl final : public detail::Call {
       // A program's ranks start as this binary in the program role, which arms the
       // parent-death signal and then becomes the program (launcher/rank_main.h); a
       // worker's are the worker program, which does that itself.
-      request.program = kind_ == CallKind::kWorker ? command_.front() : "/proc/self/exe";
-      request.argv = kind_ == CallKind::kFunction ? program_args() : command_;
+      request.program = kind_ == CallKind::kWorker ? spec_.command.front() : "/proc/self/exe";
+      request.argv = kind_ == CallKind::kFunction ? program_args() : spec_.command;
       request.env = rank_env(slot);
       request.stdout_fd = out.write.get();
       request.stderr_fd = err.write.get();
       slot.pid = starter_->start(request);
       const bool console = shows_on_console(rank);
-      if (console && console_) {
+      if (console && spec_.console) {
         const auto to = [this](int stream) {
-          return [this, stream](std::string_view line) { console_(stream, line); };
+          return [this, stream](std::string_view line) { spec_.console(stream, line); };
         };
         slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
                                                to(STDOUT_FILENO));
@@ -395,7 +395,7 @@ class CallImpl final : public detail::Call {
 
   void monitor() {
     std::optional<InterruptScope> interrupts;
-    if (catch_signals_) interrupts.emplace();
+    if (spec_.catch_signals) interrupts.emplace();
     Outcome outcome = Outcome::kRunning;
     std::string start_error;
     std::string cancel_reason;
@@ -637,9 +637,7 @@ class CallImpl final : public detail::Call {
   const CallKind kind_;
   const Options options_;
   const serialize::CallRecord record_;
-  const std::vector<std::string> command_;  // a program's or worker's call: what each rank runs
-  const ConsoleSink console_;
-  bool catch_signals_ = true;
+  const WorkerCall spec_;  // a program's or worker's call: what each rank runs, and how
   const std::string backend_name_;
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
@@ -664,22 +662,19 @@ class CallImpl final : public detail::Call {
 };
 
 std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
-                                    serialize::CallRecord record, std::vector<std::string> command,
-                                    std::string payload = {}, ConsoleSink console = {},
-                                    bool catch_signals = true, std::string parent_run_id = {},
-                                    std::vector<std::string> fork_server = {}) {
+                                    serialize::CallRecord record, WorkerCall spec = {}) {
   const bool runs_a_program = kind != CallKind::kFunction;
   launcher::check_options(options, runs_a_program);
   // The fork server forks this binary; a program's ranks are other binaries, and a
   // worker's come from its own server when it has one.
-  const bool forks = kind == CallKind::kFunction || !fork_server.empty();
+  const bool forks = kind == CallKind::kFunction || !spec.fork_server.empty();
   const StartMethod method = forks ? launcher::resolve_start_method(options) : StartMethod::kExec;
   const backend::Backend& chosen = backend::choose_backend(options);
   const backend::Inventory inventory = chosen.inventory(options);
   backend::Selection selection =
       backend::select_devices(inventory, options.gpus, options.gpu_type, chosen.name());
   std::vector<std::string> backend_env = chosen.rank_environment(options);
-  if (const std::size_t size = std::max(record.args.size(), payload.size());
+  if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
       size > options.max_payload_bytes) {
     throw ConfigError("the arguments take " + std::to_string(size) +
                       " bytes serialized, over max_payload_bytes (" +
@@ -697,15 +692,15 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
   run_request.backend = std::string(chosen.name());
   run_request.gpu_type = selection.gpu_type;
   run_request.program = kind == CallKind::kProgram;
-  run_request.parent_run_id = std::move(parent_run_id);
+  run_request.parent_run_id = spec.parent_run_id;
   // The run's name: Options::name, else the function's plain name or the program's
   // (`python train.py` is train.py), never a signature; the function param keeps it all.
   run_request.run_name = options.name;
   if (kind == CallKind::kProgram) {
-    for (const std::string& word : command) {
+    for (const std::string& word : spec.command) {
       run_request.function_name += (run_request.function_name.empty() ? "" : " ") + word;
     }
-    if (run_request.run_name.empty()) run_request.run_name = program_run_name(command);
+    if (run_request.run_name.empty()) run_request.run_name = program_run_name(spec.command);
   } else if (!record.function_name.empty()) {
     run_request.function_name = record.function_name;
     if (run_request.run_name.empty()) run_request.run_name = plain_name(record.function_name);
@@ -729,13 +724,13 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
                                    serialize::RecordKind::kCall, serialize::to_bytes(record));
     } else if (kind == CallKind::kWorker) {
       serialize::write_record_file(contract::RunFolder{run_dir}.call(),
-                                   serialize::RecordKind::kWorkerCall, payload);
+                                   serialize::RecordKind::kWorkerCall, spec.payload);
     }
+    spec.payload.clear();  // staged: the ranks read it from call.bin
     auto call = std::make_shared<launcher::CallImpl>(
-        kind, options, std::move(record), std::move(command), std::move(console),
-        std::string(chosen.name()), std::move(backend_env), std::move(selection), run_dir,
-        std::move(tracking));
-    call->start(method, catch_signals, fork_server);
+        kind, options, std::move(record), std::move(spec), std::string(chosen.name()),
+        std::move(backend_env), std::move(selection), run_dir, std::move(tracking));
+    call->start(method);
     return call;
   } catch (...) {
     if (tracking) tracking->end(tracking::RunStatus::kFailed, {});
@@ -753,7 +748,9 @@ std::shared_ptr<detail::Call> start_program(const Options& options,
                                             std::vector<std::string> command) {
   if (command.empty()) throw ConfigError("no program to run");
   check_runnable(command.front());
-  return start(CallKind::kProgram, options, serialize::CallRecord{}, std::move(command));
+  WorkerCall spec;
+  spec.command = std::move(command);
+  return start(CallKind::kProgram, options, serialize::CallRecord{}, std::move(spec));
 }
 
 std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call) {
@@ -762,10 +759,8 @@ std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCa
   }
   check_runnable(call.command.front());
   serialize::CallRecord record;
-  record.function_name = std::move(call.function_name);
-  return start(CallKind::kWorker, options, std::move(record), std::move(call.command),
-               std::move(call.payload), std::move(call.console), call.catch_signals,
-               std::move(call.parent_run_id), std::move(call.fork_server));
+  record.function_name = call.function_name;
+  return start(CallKind::kWorker, options, std::move(record), std::move(call));
 }
 
 }  // namespace sgpu::launcher
