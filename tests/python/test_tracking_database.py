@@ -62,9 +62,11 @@ print(json.dumps([{
 """
 
 
-def read_back_in(folder) -> list:
-    """The runs MLflow's own client finds in `folder` with no MLflow variable set."""
+def read_back_in(folder, **variables) -> list:
+    """The runs MLflow's own client finds in `folder` with no MLflow variable set but
+    `variables`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(variables)
     out = subprocess.run([sys.executable, "-c", READ_BACK], cwd=folder, env=env, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -98,15 +100,7 @@ def test_a_folder_whose_mlruns_holds_runs_keeps_using_it(tmp_path, monkeypatch):
     distributed(gpus=1, tracking_uri="mlruns")(logs_loss).distributed()  # a file store here
     distributed(gpus=1)(logs_loss).distributed()  # MLflow's rule: ./mlruns has data, so it
     assert not (tmp_path / "mlflow.db").exists()
-    assert len(read_back_in_file_store(tmp_path)) == 2
-
-
-def read_back_in_file_store(folder) -> list:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["MLFLOW_ALLOW_FILE_STORE"] = "true"
-    out = subprocess.run([sys.executable, "-c", READ_BACK], cwd=folder, env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    assert len(read_back_in(tmp_path, MLFLOW_ALLOW_FILE_STORE="true")) == 2
 
 
 def free_port() -> int:

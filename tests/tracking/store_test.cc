@@ -166,8 +166,10 @@ TEST(FileStore, WritesMlflowsLayout) {
   EXPECT_EQ(store.run_link(run), dir.string());
 }
 
-TEST(FileStore, ARefusedParamDoesNotDropItsNeighbours) {
-  FileStore store(temp_root());
+// A run with lr=0.1, then a batch that changes lr beside a new param and a metric: the
+// store refuses it (not transient, naming `named`). Returns the run, for the caller to
+// check that the neighbours arrived anyway.
+RunInfo log_a_changed_param(Store& store, const std::string& named) {
   const RunInfo run = store.create_run("0", "r", 1, {});
   store.log_batch(run.run_id, Batch{{}, {{"lr", "0.1"}}, {}});
   Batch batch;
@@ -175,11 +177,17 @@ TEST(FileStore, ARefusedParamDoesNotDropItsNeighbours) {
   batch.metrics = {{"loss", 1, 1, 1}};
   try {
     store.log_batch(run.run_id, batch);
-    FAIL() << "a changed param was accepted";
+    ADD_FAILURE() << "a changed param was accepted";
   } catch (const StoreError& e) {
     EXPECT_FALSE(e.transient());
-    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
   }
+  return run;
+}
+
+TEST(FileStore, ARefusedParamDoesNotDropItsNeighbours) {
+  FileStore store(temp_root());
+  const RunInfo run = log_a_changed_param(store, "lr");
   const fs::path dir = store.root() / "0" / run.run_id;
   EXPECT_EQ(read(dir / "params" / "lr"), "0.1");
   EXPECT_EQ(read(dir / "params" / "momentum"), "0.9");
@@ -298,18 +306,7 @@ TEST(SqliteStore, ANewDatabaseHasMlflowsSchemaTheDefaultExperimentAndWal) {
 
 TEST(SqliteStore, ARefusedParamDoesNotDropItsNeighbours) {
   SqliteStore store(db_uri());
-  const RunInfo run = store.create_run("0", "r", 1, {});
-  store.log_batch(run.run_id, Batch{{}, {{"lr", "0.1"}}, {}});
-  Batch batch;
-  batch.params = {{"lr", "0.2"}, {"momentum", "0.9"}};
-  batch.metrics = {{"loss", 1, 1, 1}};
-  try {
-    store.log_batch(run.run_id, batch);
-    FAIL() << "a changed param was accepted";
-  } catch (const StoreError& e) {
-    EXPECT_FALSE(e.transient());
-    EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
-  }
+  const RunInfo run = log_a_changed_param(store, "'lr'");
   const std::string where = " WHERE run_uuid = '" + run.run_id + "'";
   EXPECT_EQ(query(store.path(), "SELECT value FROM params" + where + " AND key = 'lr'"), "0.1");
   EXPECT_EQ(query(store.path(), "SELECT value FROM params" + where + " AND key = 'momentum'"),
