@@ -1,4 +1,5 @@
-// Gloo process groups on CPU tensors, with the fault plan's collective faults in between.
+// The simulated process groups on CPU tensors: the shared-memory transport (sim/shm) or
+// Gloo, with the fault plan's collective faults in between.
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -6,9 +7,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "backend/process_group_factory.h"
+#include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sim/faults.h"
+#include "sim/shm/shm_backend.h"
 #include "sim/sim_backend.h"
 
 namespace sgpu::sim {
@@ -99,6 +102,54 @@ class FaultInjectingBackend final : public c10d::Backend {
     before();
     return inner_->barrier(opts);
   }
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    before();
+    return inner_->gather(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    before();
+    return inner_->scatter(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    before();
+    return inner_->allreduce_coalesced(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    before();
+    return inner_->allgather_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    before();
+    return inner_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    before();
+    return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
+  // Point-to-point transfers are not collectives: they pass without counting.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return inner_->send(tensors, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return inner_->recv(tensors, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return inner_->recvAnysource(tensors, tag);
+  }
+  void setTimeout(std::chrono::milliseconds timeout) override { inner_->setTimeout(timeout); }
+  void setSequenceNumberForGroup() override { inner_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
 
  private:
   void before() {
@@ -136,10 +187,13 @@ std::string plan_of(const Options& options) {
 }  // namespace
 
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
+  std::vector<std::string> variables{std::string(kTransportVar) + "=" +
+                                     transport_name(chosen_transport(options))};
   const std::string plan = plan_of(options);
-  if (plan.empty()) return {};
+  if (plan.empty()) return variables;
   parse_faults(plan, options.gpus);  // ConfigError before anything starts
-  return {std::string(kFaultsVar) + "=" + plan};
+  variables.push_back(std::string(kFaultsVar) + "=" + plan);
+  return variables;
 }
 
 std::vector<std::string> SimBackend::ending_faults(const Options& options) const {
@@ -183,27 +237,61 @@ void SimBackend::bind(int device_index) const {
 
 namespace {
 
-class GlooGroups final : public backend::ProcessGroupFactory {
+class SimGroups final : public backend::ProcessGroupFactory {
  public:
   c10::intrusive_ptr<c10d::Backend> make(
       const backend::ProcessGroupRequest& request) const override;
 };
 
-c10::intrusive_ptr<c10d::Backend> GlooGroups::make(
+c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     const backend::ProcessGroupRequest& request) const {
-  auto options = c10d::ProcessGroupGloo::Options::create();
-  options->timeout = request.timeout;
-  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  c10::intrusive_ptr<c10d::Backend> gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      request.store, request.rank, request.world_size, options);
-  if (rank_faults().faults.empty()) return gloo;
-  return c10::make_intrusive<FaultInjectingBackend>(std::move(gloo));
+  c10::intrusive_ptr<c10d::Backend> group;
+  if (rank_transport() == Transport::kShm) {
+    group = shm::make_shm_backend(request.store, request.rank, request.world_size, request.timeout,
+                                  shm::sizes_from_environment());
+  } else {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->timeout = request.timeout;
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(request.store, request.rank,
+                                                        request.world_size, options);
+  }
+  if (rank_faults().faults.empty()) return group;
+  return c10::make_intrusive<FaultInjectingBackend>(std::move(group));
 }
 
 }  // namespace
 
+Transport chosen_transport(const Options& options) {
+  std::string name = options.sim_transport;
+  std::string given;
+  if (name.empty()) {
+    const char* env = std::getenv(kTransportVar);
+    if (env == nullptr || *env == '\0') return Transport::kShm;
+    name = env;
+    given = std::string(kTransportVar) + "=" + name;
+  } else {
+    given = contract::spell("sim_transport", name);
+  }
+  if (name == "shm") return Transport::kShm;
+  if (name == "gloo") return Transport::kGloo;
+  throw ConfigError(given +
+                    " is not a transport of the simulated backend: use \"shm\" (shared memory, "
+                    "the default) or \"gloo\" (Gloo over loopback TCP)");
+}
+
+const char* transport_name(Transport transport) {
+  return transport == Transport::kShm ? "shm" : "gloo";
+}
+
+Transport rank_transport() {
+  const char* env = std::getenv(kTransportVar);
+  if (env != nullptr && std::string_view(env) == "gloo") return Transport::kGloo;
+  return Transport::kShm;
+}
+
 const backend::ProcessGroupFactory& SimBackend::process_groups() const {
-  static const GlooGroups groups;
+  static const SimGroups groups;
   return groups;
 }
 

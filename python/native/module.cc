@@ -63,6 +63,8 @@ Options options_from(const py::dict& given) {
       options.sim_node = py::cast<std::string>(value);
     } else if (key == "sim_faults") {
       options.sim_faults = py::cast<std::string>(value);
+    } else if (key == "sim_transport") {
+      options.sim_transport = py::cast<std::string>(value);
     } else if (key == "runs_dir") {
       options.runs_dir = py::cast<std::string>(value);
     } else if (key == "keep_run_dir") {

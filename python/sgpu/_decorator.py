@@ -36,6 +36,7 @@ _OPTION_TYPES = {
     "backend": (str, '"auto", "cuda" or "sim"'),
     "sim_node": (str, 'a node spec such as "8xH100"'),
     "sim_faults": (str, 'a fault plan such as "rank=1:segv@collective=3"'),
+    "sim_transport": (str, '"shm" or "gloo"'),
     "runs_dir": (str, "a folder"),
     "keep_run_dir": (bool, "True or False"),
     "console_ranks": ((list, tuple, type(None)), "a list of ranks, or None for all"),

@@ -42,6 +42,8 @@ struct Options {
                                       // empty: SGPU_SIM, else "8xH100"
   std::string sim_faults;             // fault plan for sim ranks (see sim/faults.h); empty:
                                       // SGPU_SIM_FAULTS
+  std::string sim_transport;          // sim collectives: "shm" (shared memory) or "gloo";
+                                      // empty: SGPU_SIM_TRANSPORT, else "shm"
   std::filesystem::path runs_dir;     // where run folders go; empty: SGPU_RUNS_DIR, else
                                       // $TMPDIR/sgpu-<uid>/runs
   bool keep_run_dir = false;          // keep the run folder after success too

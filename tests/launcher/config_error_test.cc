@@ -81,6 +81,16 @@ TEST(ConfigError, BadSimulatedNode) {
   expect_has(error_of<sgpu::ConfigError>(o), "unknown GPU type \"Q9\"");
 }
 
+TEST(ConfigError, UnknownSimulatedTransport) {
+  auto o = sim();
+  o.sim_transport = "tcp";
+  expect_has(error_of<sgpu::ConfigError>(o), "sim_transport=\"tcp\" is not a transport");
+  o.sim_transport.clear();
+  ::setenv("SGPU_SIM_TRANSPORT", "ib", 1);
+  expect_has(error_of<sgpu::ConfigError>(o), "SGPU_SIM_TRANSPORT=ib is not a transport");
+  ::unsetenv("SGPU_SIM_TRANSPORT");
+}
+
 TEST(ConfigError, ArgumentsOverTheLimit) {
   auto o = sim();
   o.max_payload_bytes = 1000;

@@ -1,5 +1,5 @@
 """torch.distributed over the "sgpu" backend in Python ranks: collectives, the fault plan's
-collective faults, and PyTorch's own DDP and FSDP."""
+collective faults, and PyTorch's own DDP and FSDP, over both simulated transports."""
 
 import pytest
 
@@ -20,28 +20,48 @@ def all_reduce_ranks(steps):
             total += t
         gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, torch.tensor([float(dist.get_rank())]))
-        return dist.get_backend(), total.tolist(), [g.item() for g in gathered]
+        # Two subgroups, each with its own segment (torch gives each its own prefix store).
+        rank = dist.get_rank()
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mine = torch.tensor([float(rank)])
+        dist.all_reduce(mine, group=pairs[rank // 2])
+        return dist.get_backend(), total.tolist(), [g.item() for g in gathered], mine.item()
     finally:
         dist.destroy_process_group()
 
 
-def test_collectives_run_over_the_sgpu_backend():
-    results = distributed(gpus=4, tracking=False)(all_reduce_ranks).distributed(2)
-    assert results == [("sgpu", [20.0, 20.0, 20.0], [0.0, 1.0, 2.0, 3.0])] * 4
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "gloo"])
+
+
+@TRANSPORTS
+def test_collectives_run_over_the_sgpu_backend(transport):
+    fn = distributed(gpus=4, tracking=False, sim_transport=transport)(all_reduce_ranks)
+    results = fn.distributed(2)
+    gathered = [0.0, 1.0, 2.0, 3.0]
+    assert results == [("sgpu", [20.0] * 3, gathered, 1.0)] * 2 + \
+        [("sgpu", [20.0] * 3, gathered, 5.0)] * 2
 
 
 @pytest.mark.parametrize("plan, kind", [("rank=1:segv@collective=2", "signal"),
                                         ("rank=2:exit=7@collective=1", "exit_code"),
                                         ("rank=3:throw@collective=3", "exception")])
-def test_collective_faults_act_in_python_ranks(plan, kind):
+@TRANSPORTS
+def test_collective_faults_act_in_python_ranks(plan, kind, transport):
     rank = int(plan.split(":")[0].split("=")[1])
-    fn = distributed(gpus=4, tracking=False, sim_faults=plan, timeout=120)(all_reduce_ranks)
+    fn = distributed(gpus=4, tracking=False, sim_faults=plan, timeout=120,
+                     sim_transport=transport)(all_reduce_ranks)
     with pytest.raises(Exception) as caught:
         fn.distributed(5)
     error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
     assert isinstance(error, sgpu.DistributedError)
     assert error.root_cause.rank == rank, str(error)
     assert error.root_cause.kind == kind, str(error)
+
+
+def test_an_unknown_transport_is_a_config_error_before_anything_starts():
+    fn = distributed(gpus=2, tracking=False, sim_transport="tcp")(all_reduce_ranks)
+    with pytest.raises(sgpu.errors.ConfigError, match='sim_transport="tcp".*"shm".*"gloo"'):
+        fn.distributed(1)
 
 
 def test_the_sgpu_backend_outside_a_rank_says_what_to_use():
@@ -85,9 +105,11 @@ def train_ddp(steps, fsdp):
     return flat.tolist()
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_pytorch_ddp_and_fsdp_end_with_equal_parameters_on_every_rank(fsdp):
-    results = distributed(gpus=4, tracking=False, timeout=300)(train_ddp).distributed(5, fsdp)
+def test_pytorch_ddp_and_fsdp_end_with_equal_parameters_on_every_rank(fsdp, transport):
+    fn = distributed(gpus=4, tracking=False, timeout=300, sim_transport=transport)(train_ddp)
+    results = fn.distributed(5, fsdp)
     assert all(r == results[0] for r in results[1:])
     # the ranks saw different data: training moved the parameters away from the seed's
     import torch
