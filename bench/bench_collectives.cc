@@ -1,4 +1,5 @@
-// Collective throughput on N ranks, through sgpu, against the floor in the same run.
+// Collective throughput on N ranks, through sgpu, against the floor in the same run (and,
+// on sim, against Open MPI's shared-memory collectives).
 //
 // For each operation and data type, one sgpu call runs the whole size sweep inside the
 // ranks (collectives/collective_sweep.h) and returns each rank's timings; the floor
@@ -9,15 +10,22 @@
 // timed iterations; a collective is as slow as its slowest rank), and the counters of
 // nccl-tests: algbw_GBps = bytes / time, busbw_GBps = algbw x bus factor, wrong (elements
 // of the first result that differ from the expected one, summed over ranks), and, on the
-// sgpu rows, vs_floor = floor time / sgpu time (1.0: no overhead). With
+// sgpu rows, vs_floor = floor time / sgpu time (1.0: no overhead). On sim, where the
+// sgpu rows run through the simulated transport (--transport; shared memory by default)
+// and the floor is ProcessGroupGloo, `<op>/float32/<bytes>/openmpi` rows time the same
+// sweep through Open MPI (collectives/mpi_sweep.c under mpirun, btl self,vader,
+// mpi_yield_when_idle 1), and the sgpu rows get vs_openmpi = Open MPI time / sgpu time. With
 // --benchmark_repetitions=K each repetition is a fresh sweep pair. A nccl-tests-like
 // table follows (medians over repetitions). Exit status 1 when a result was wrong or a
 // sweep failed; 2 for bad flags.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -58,6 +66,8 @@ struct Config {
   int iters = 20;
   bool no_floor = false;
   std::string table_path;
+  std::string transport;     // sim: "shm" or "gloo"; empty: SGPU_SIM_TRANSPORT, else shm
+  std::string mpi = "auto";  // the Open MPI reference rows: auto (sim, when built), on, off
 };
 
 // "8", "4K", "64M", "1G" (binary units, as nccl-tests reads -b and -e).
@@ -76,8 +86,53 @@ std::int64_t parse_bytes(const std::string& text) {
 // One measurement of an (operation, data type): the floor's and sgpu's per-rank results.
 struct Measured {
   std::vector<sgpu::bench::SweepResult> sgpu, floor;  // [rank][size]
+  std::vector<double> mpi;                            // [size]: Open MPI's slowest rank
   std::string error;                                  // set when a sweep failed
 };
+
+// The Open MPI reference (collectives/mpi_sweep.c), beside this binary when CMake found
+// MPI; empty when it was not built.
+std::string mpi_sweep_path() {
+  if (std::string(SGPU_BENCH_MPIRUN).empty()) return "";
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const auto path = self.parent_path() / "bench_mpi_sweep";
+  return std::filesystem::exists(path) ? path.string() : "";
+}
+
+// The same sweep through Open MPI's collectives over shared memory (btl self,vader),
+// ranks yielding when idle, as a tuned MPI run on an oversubscribed node would: the
+// slowest rank's mean per size. Throws with mpirun's output when it fails.
+std::vector<double> run_mpi(const sgpu::bench::SweepSpec& spec, int ranks) {
+  std::string command = std::string(SGPU_BENCH_MPIRUN) +
+                        (::geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe -np " +
+                        std::to_string(ranks) +
+                        " --mca btl self,vader --mca mpi_yield_when_idle 1 " + mpi_sweep_path() +
+                        " " + std::string(sgpu::bench::name(spec.op)) + " " +
+                        std::to_string(spec.warmup) + " " + std::to_string(spec.iters);
+  for (const auto& size : spec.sizes) command += " " + std::to_string(size.count);
+  std::string output;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot run " + command);
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;)
+    output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  std::vector<double> seconds;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    long long bytes = 0;
+    double per_op = 0;
+    if (words >> bytes >> per_op) seconds.push_back(per_op);
+  }
+  const std::size_t want = spec.sizes.empty() ? 1 : spec.sizes.size();
+  if (status != 0 || seconds.size() != want) {
+    throw std::runtime_error("the Open MPI reference failed (" + command + "):\n" + output);
+  }
+  return seconds;
+}
 
 struct SizeSummary {
   double seconds = 0;  // the slowest rank's
@@ -120,8 +175,9 @@ class CollectiveBench {
         specs_[{op, dtype}] = spec;
         order_.emplace_back(op, dtype);
         for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
-          if (!config_.no_floor) add(spec, i, /*floor=*/true);
-          add(spec, i, /*floor=*/false);
+          if (!config_.no_floor) add(spec, i, Who::kFloor);
+          if (with_mpi(spec)) add(spec, i, Who::kMpi);
+          add(spec, i, Who::kSgpu);
         }
         if (op == Collective::kBarrier) break;  // no data type
       }
@@ -136,7 +192,8 @@ class CollectiveBench {
     out << "#" << std::setw(14) << "op" << std::setw(10) << "type" << std::setw(12) << "size(B)"
         << std::setw(12) << "count" << std::setw(12) << "time(us)" << std::setw(12) << "algbw"
         << std::setw(12) << "busbw" << std::setw(8) << "#wrong" << std::setw(14) << "floor(us)"
-        << std::setw(14) << "floor_busbw" << std::setw(10) << "vs_floor"
+        << std::setw(14) << "floor_busbw" << std::setw(10) << "vs_floor" << std::setw(12)
+        << "mpi(us)" << std::setw(10) << "vs_mpi"
         << "\n";
     out << "#" << std::setw(82) << "(GB/s)" << std::setw(12) << "(GB/s)" << std::setw(36)
         << "(GB/s)"
@@ -147,7 +204,7 @@ class CollectiveBench {
       if (it == measured_.end()) continue;
       const auto& spec = specs_.at(key);
       for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
-        std::vector<double> times, floors;
+        std::vector<double> times, floors, mpis;
         std::int64_t wrong = 0;
         for (const Measured& m : it->second) {
           if (!m.error.empty()) continue;
@@ -155,6 +212,7 @@ class CollectiveBench {
           times.push_back(s.seconds);
           wrong += s.wrong;
           if (!m.floor.empty()) floors.push_back(summarise(m.floor, i).seconds);
+          if (!m.mpi.empty()) mpis.push_back(m.mpi.at(i));
         }
         if (times.empty()) continue;
         const double time = median(times);
@@ -171,6 +229,13 @@ class CollectiveBench {
           const double floor = median(floors);
           out << std::setprecision(1) << std::setw(14) << floor * 1e6 << std::setprecision(3)
               << std::setw(14) << bytes / floor / 1e9 * factor << std::setw(10) << floor / time;
+        } else {
+          out << std::setw(14) << "-" << std::setw(14) << "-" << std::setw(10) << "-";
+        }
+        if (!mpis.empty()) {
+          const double mpi = median(mpis);
+          out << std::setprecision(1) << std::setw(12) << mpi * 1e6 << std::setprecision(3)
+              << std::setw(10) << mpi / time;
         }
         out << "\n";
       }
@@ -182,6 +247,13 @@ class CollectiveBench {
 
  private:
   using Key = std::pair<Collective, c10::ScalarType>;
+  enum class Who { kFloor, kMpi, kSgpu };
+
+  // Open MPI rows: on sim, float32 (MPI has no bfloat16), when the reference was built.
+  bool with_mpi(const sgpu::bench::SweepSpec& spec) const {
+    if (config_.mpi == "off" || backend_ != "sim") return false;
+    return spec.dtype == c10::ScalarType::Float || spec.op == Collective::kBarrier;
+  }
 
   static double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
@@ -201,6 +273,7 @@ class CollectiveBench {
           m.floor = sgpu::bench::run_floor(spec, backend_, ranks_,
                                            options_.timeout.value_or(std::chrono::hours(24)));
         }
+        if (with_mpi(spec)) m.mpi = run_mpi(spec, ranks_);
         m.sgpu = sgpu::distributed(collective_sweep, options_).distributed(spec);
       } catch (const std::exception& e) {
         m.error = e.what();
@@ -213,7 +286,7 @@ class CollectiveBench {
     return runs[repetition];
   }
 
-  void add(const sgpu::bench::SweepSpec& spec, std::size_t index, bool floor) {
+  void add(const sgpu::bench::SweepSpec& spec, std::size_t index, Who who) {
     const Key key{spec.op, spec.dtype};
     const auto& size = spec.sizes[index];
     std::string name(sgpu::bench::name(spec.op));
@@ -221,17 +294,22 @@ class CollectiveBench {
       name +=
           "/" + std::string(sgpu::bench::dtype_name(spec.dtype)) + "/" + std::to_string(size.bytes);
     }
-    name += floor ? "/floor" : "/sgpu";
+    name += who == Who::kFloor ? "/floor" : who == Who::kMpi ? "/openmpi" : "/sgpu";
     auto calls = std::make_shared<std::size_t>(0);
     benchmark::RegisterBenchmark(
         name.c_str(),
-        [this, key, index, floor, calls, bytes = size.bytes](benchmark::State& state) {
+        [this, key, index, who, calls, bytes = size.bytes](benchmark::State& state) {
           const Measured& m = measure(key, (*calls)++);
           if (!m.error.empty()) {
             state.SkipWithError(m.error.c_str());
             return;
           }
-          const SizeSummary s = summarise(floor ? m.floor : m.sgpu, index);
+          SizeSummary s;
+          if (who == Who::kMpi) {
+            s.seconds = m.mpi.at(index);
+          } else {
+            s = summarise(who == Who::kFloor ? m.floor : m.sgpu, index);
+          }
           if (s.wrong > 0) {
             failed_ = true;
             state.SkipWithError((std::to_string(s.wrong) +
@@ -248,8 +326,11 @@ class CollectiveBench {
             state.counters["algbw_GBps"] = algbw;
             state.counters["busbw_GBps"] = algbw * sgpu::bench::bus_factor(key.first, ranks_);
           }
-          if (!floor && !m.floor.empty()) {
+          if (who == Who::kSgpu && !m.floor.empty()) {
             state.counters["vs_floor"] = summarise(m.floor, index).seconds / s.seconds;
+          }
+          if (who == Who::kSgpu && !m.mpi.empty()) {
+            state.counters["vs_openmpi"] = m.mpi.at(index) / s.seconds;
           }
         })
         ->Iterations(1)
@@ -343,7 +424,14 @@ void add_context(const std::string& backend, int ranks, const sgpu::Options& opt
     benchmark::AddCustomContext("interconnect", interconnect());
   } else {
     benchmark::AddCustomContext("driver", "none (simulated ranks)");
-    benchmark::AddCustomContext("interconnect", "simulated: Gloo over TCP on 127.0.0.1");
+    const char* env = std::getenv("SGPU_SIM_TRANSPORT");
+    const std::string transport = !options.sim_transport.empty()
+                                      ? options.sim_transport
+                                      : (env != nullptr && *env != '\0' ? env : "shm");
+    benchmark::AddCustomContext("interconnect", transport == "gloo"
+                                                    ? "simulated: Gloo over TCP on 127.0.0.1"
+                                                    : "simulated: shared memory (sgpu's shm "
+                                                      "transport); floor: Gloo over TCP");
   }
   benchmark::AddCustomContext("warmup", std::to_string(config.warmup));
   benchmark::AddCustomContext("iters", std::to_string(config.iters));
@@ -351,6 +439,11 @@ void add_context(const std::string& backend, int ranks, const sgpu::Options& opt
                               "slowest rank's mean time per operation over the timed iterations");
   benchmark::AddCustomContext(
       "floor", config.no_floor ? "off" : "the same sweep in plain libtorch processes");
+  benchmark::AddCustomContext(
+      "openmpi", config.mpi == "off" || backend != "sim"
+                     ? "off"
+                     : "the same sweep (float32) through Open MPI's collectives: mpirun "
+                       "--mca btl self,vader --mca mpi_yield_when_idle 1");
 }
 
 }  // namespace
@@ -390,6 +483,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-floor", config.no_floor, "Skip the libtorch-only floor");
+  app.add_option("--transport", config.transport,
+                 "sim: shm (shared memory, the default) or gloo; the floor is Gloo either way")
+      ->check(CLI::IsMember({"shm", "gloo"}));
+  app.add_option("--mpi", config.mpi,
+                 "Open MPI reference rows (sim, float32): auto (when built), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--table", config.table_path, "Also write the table to this file");
   // Google Benchmark answers --help itself and exits; this binary's flags come first.
   for (int i = 1; i < argc; ++i) {
@@ -418,6 +518,15 @@ int main(int argc, char** argv) {
         throw CLI::ValidationError("--dtypes", "unknown " + dtype);
       }
     }
+    if (config.mpi != "off" && mpi_sweep_path().empty()) {
+      if (config.mpi == "on") {
+        throw CLI::ValidationError("--mpi",
+                                   "on, but this build has no Open MPI reference "
+                                   "(CMake found no mpirun and MPI; ci/setup installs "
+                                   "openmpi-bin and libopenmpi-dev)");
+      }
+      config.mpi = "off";
+    }
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::cerr << "bench_collectives: " << e.what() << "\n\n" << app.help();
@@ -428,6 +537,7 @@ int main(int argc, char** argv) {
   options.backend = config.backend;
   options.gpu_type = config.gpu_type;
   options.name = "collective_sweep";
+  options.sim_transport = config.transport;
   std::string backend;
   try {
     options.timeout = sgpu::parse_timeout(config.timeout);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short bench_collectives on 2 simulated ranks: every operation and data type runs through
-# sgpu and through the floor, every first result is correct (the binary exits 1 otherwise),
-# and the JSON and the table hold every row. Speed is not checked.
+# sgpu and through the floor (and Open MPI, where built), every first result is correct
+# (the binary exits 1 otherwise), and the JSON and the table hold every row. Speed is not
+# checked.
 #   collectives_smoke.sh BENCH_COLLECTIVES PYTHON WORKDIR
 set -euo pipefail
 bench=$1 python=$2 work=$3
@@ -29,6 +30,12 @@ for name, b in rows.items():
     if name.endswith("/sgpu") and not name.startswith("barrier"):
         assert b["busbw_GBps"] > 0 and b["vs_floor"] > 0, (name, b)
 assert "barrier/sgpu" in rows and "barrier/floor" in rows
+# Open MPI's rows (float32 on sim), when the reference was built: one per sgpu row.
+if run["context"].get("openmpi", "off") != "off":
+    for name in [n for n in rows if n.endswith("/sgpu") and "/bfloat16/" not in n]:
+        twin = name[:-len("/sgpu")] + "/openmpi"
+        assert twin in rows, f"no {twin}"
+        assert rows[twin]["wrong"] == 0 and rows[name]["vs_openmpi"] > 0, (twin, rows[name])
 for key in ["sgpu_version", "sgpu_commit", "libtorch", "backend", "gpus", "interconnect"]:
     assert run["context"].get(key), f"context lacks {key}"
 table = open(sys.argv[2]).read()
