@@ -105,9 +105,7 @@ struct Dense {
   explicit Dense(const at::Tensor& t, const char* what) : original(t) {
     TORCH_CHECK(t.device().is_cpu(), "sgpu's simulated process group takes CPU tensors; ", what,
                 " got one on ", t.device(), " (sgpu::device() is \"cpu\" on sim)");
-    TORCH_CHECK(t.layout() == c10::kStrided,
-                "sgpu's simulated process group takes dense "
-                "tensors; ",
+    TORCH_CHECK(t.layout() == c10::kStrided, "sgpu's simulated process group takes dense tensors; ",
                 what, " got a ", t.layout(), " one");
     work = t.is_contiguous() ? t : t.contiguous();
   }
@@ -482,9 +480,10 @@ class ShmBackend final : public c10d::Backend {
     try {
       segment_->wait_until([&] { return op->done; }, Clock::now() + limit, op->peer, what,
                            [&] { progress(); });
-    } catch (...) {
-      op->error = std::current_exception();
-      op->done = true;
+    } catch (const std::exception& e) {
+      // The rings may now be mid-message: nothing more goes through this group.
+      if (broken_.empty()) broken_ = e.what();
+      fail_p2p(std::current_exception());
     }
     return true;
   }
@@ -801,6 +800,19 @@ class ShmBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> point_to_point(std::vector<at::Tensor>& tensors, int peer, int tag,
                                                 bool send);
+
+  // Ends every send and recv in flight with `error`.
+  void fail_p2p(std::exception_ptr error) {
+    for (auto* queues : {&sends_, &recvs_}) {
+      for (auto& queue : *queues) {
+        for (const auto& op : queue) {
+          op->error = error;
+          op->done = true;
+        }
+        queue.clear();
+      }
+    }
+  }
 
   // Moves every send and recv in flight as far as the rings allow.
   void progress() {

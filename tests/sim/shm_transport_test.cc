@@ -196,11 +196,13 @@ void every_collective_equals_the_fold_of_one_process(bool gloo) {
                          [&](Red o) { return valid(dtype, o) && !(gloo && o == Red::AVG); });
   SegmentSizes sizes;
   sizes.slot_bytes = *rc::gen::element<std::size_t>(64, 256, 4096, 65536);
+  // The segment's data: two buffers of one slot per rank.
+  const std::size_t segment_bytes = 2 * static_cast<std::size_t>(world) * sizes.slot_bytes;
   sizes.channel_bytes = 256;
   const std::size_t item = c10::elementSize(dtype);
-  // From nothing to about four times a slot.
-  const int64_t count =
-      *rc::gen::inRange<int64_t>(0, static_cast<int64_t>(4 * sizes.slot_bytes / item) + 3);
+  // From nothing to about four times a slot, or (small slots) three times the segment.
+  const std::size_t most = sizes.slot_bytes <= 4096 ? 3 * segment_bytes : 4 * sizes.slot_bytes;
+  const int64_t count = *rc::gen::inRange<int64_t>(0, static_cast<int64_t>(most / item) + 3);
   const int root = *rc::gen::inRange(0, world);
   const int seed = *rc::gen::inRange(0, 1 << 20);
   RC_TAG(static_cast<int>(kind));
