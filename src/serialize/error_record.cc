@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "contract/atomic_file.h"
@@ -22,6 +23,24 @@ void write_error_record(const std::filesystem::path& path, const ErrorRecord& re
       path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
+namespace {
+
+// j[key] when it is an integer from lo to hi, else `otherwise`: a record torn or written by
+// something else must not make the reader convert 1e28 to an integer.
+std::int64_t integer_or(const nlohmann::json& j, const char* key, std::int64_t otherwise,
+                        std::int64_t lo, std::int64_t hi) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return otherwise;
+  if (it->is_number_unsigned()) {
+    const auto v = it->get<std::uint64_t>();
+    return v <= static_cast<std::uint64_t>(hi) ? static_cast<std::int64_t>(v) : otherwise;
+  }
+  const auto v = it->get<std::int64_t>();
+  return v >= lo && v <= hi ? v : otherwise;
+}
+
+}  // namespace
+
 std::optional<ErrorRecord> read_error_record(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
@@ -30,10 +49,10 @@ std::optional<ErrorRecord> read_error_record(const std::filesystem::path& path) 
     ErrorRecord record;
     record.type = j.value("type", "");
     record.message = j.value("message", "");
-    record.rank = j.value("rank", -1);
+    record.rank = static_cast<int>(integer_or(j, "rank", -1, -1, 1 << 30));
     record.time = std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::nanoseconds(j.value("timestamp_ns", std::int64_t{0}))));
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(
+            integer_or(j, "timestamp_ns", 0, 0, std::numeric_limits<std::int64_t>::max()))));
     record.backtrace = j.value("backtrace", std::vector<std::string>{});
     return record;
   } catch (const nlohmann::json::exception&) {

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,10 +23,16 @@ inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
 
 // A timeout as a command line gives it: "none", or seconds (fractions allowed). Throws
-// std::invalid_argument (or std::out_of_range) for anything else.
+// std::invalid_argument for anything else, std::out_of_range for what is no number of
+// milliseconds ("inf", "nan", 1e300). The options' checks judge the value.
 inline Timeout parse_timeout(const std::string& text) {
   if (text == "none") return kNoTimeout;
-  return std::chrono::milliseconds(static_cast<long long>(std::stod(text) * 1000));
+  const double milliseconds = std::stod(text) * 1000;
+  // Within +-2^62, so the conversion below is defined.
+  if (!(std::fabs(milliseconds) < 4.6e18)) {
+    throw std::out_of_range("timeout of " + text + " seconds");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(milliseconds));
 }
 
 // How rank processes start. kForkServer (what kAuto means) forks each rank from a warm

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "sgpu/errors.h"
 #include "tracking/log_batch.h"
@@ -27,7 +28,14 @@ double value_of(const json& value) {
 }
 
 std::int64_t int64_of(const json& value) {
-  if (value.is_number()) return value.get<std::int64_t>();
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  if (value.is_number_float()) {
+    // Within +-2^62, so the conversion is defined; anything else is no timestamp or step
+    // (found by tests/fuzz/decoders_fuzz.cc: 1.7e125 converted to an integer).
+    const double v = value.get<double>();
+    if (!(std::fabs(v) < 4.6e18)) throw std::out_of_range("spooled number out of range");
+    return static_cast<std::int64_t>(v);
+  }
   return std::strtoll(value.get<std::string>().c_str(), nullptr, 10);
 }
 
@@ -71,8 +79,8 @@ std::vector<SpooledBatch> read_spool(const std::filesystem::path& file) {
         spooled.batch.tags.push_back(
             {t.at("key").get<std::string>(), t.at("value").get<std::string>()});
       }
-    } catch (const json::exception&) {
-      continue;  // not a batch this file's writer wrote: damaged
+    } catch (const std::exception&) {  // json's errors, and out_of_range above
+      continue;                        // not a batch this file's writer wrote: damaged
     }
     out.push_back(std::move(spooled));
   }

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <vector>
+
+#include "serialize/error_record.h"
 
 namespace sgpu::serialize {
 namespace {
@@ -66,6 +69,33 @@ TEST(Record, FilesAreWrittenWholeAndCheckedOnRead) {
   EXPECT_THROW(read_record_file(path, RecordKind::kResult, 100), RecordError);
   EXPECT_THROW(read_record_file(dir / "missing.bin", RecordKind::kResult, 100), RecordError);
   std::filesystem::remove_all(dir);
+}
+
+// Numbers that fit no field (a torn or foreign file) leave the field unset; found by
+// tests/fuzz/decoders_fuzz.cc, which under UndefinedBehaviorSanitizer caught the
+// conversion of 1.733e28 to an integer (tests/fuzz/corpus/error_record_huge_timestamp).
+TEST(ErrorRecord, NumbersOutOfRangeLeaveTheirFieldsUnset) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("sgpu-error-record-" + std::to_string(::getpid()) + ".json");
+  for (const char* text :
+       {R"({"type": "E", "message": "boom", "rank": 1e20, "timestamp_ns": 1.733e28})",
+        R"({"type": "E", "message": "boom", "rank": 3000000000, "timestamp_ns": -5})",
+        R"({"type": "E", "message": "boom", "rank": "3", "timestamp_ns": 18446744073709551615})"}) {
+    std::ofstream(path) << text;
+    const auto record = read_error_record(path);
+    ASSERT_TRUE(record.has_value()) << text;
+    EXPECT_EQ(record->message, "boom") << text;
+    EXPECT_EQ(record->rank, -1) << text;
+    EXPECT_EQ(record->time.time_since_epoch().count(), 0) << text;
+  }
+  std::ofstream(path) << R"({"type": "E", "message": "boom", "rank": 3, "timestamp_ns": 7000})";
+  const auto record = read_error_record(path);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->rank, 3);
+  EXPECT_EQ(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(record->time.time_since_epoch()).count(),
+      7000);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

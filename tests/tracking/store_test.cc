@@ -424,6 +424,11 @@ TEST(Spool, SkipsDamagedLinesAndKeepsTheRest) {
         << "\n"
         << R"({"run_id": 5})"
         << "\n"
+        // A timestamp no integer holds (once undefined behaviour; tests/fuzz/corpus/
+        // spool_huge_timestamp): a damaged line too.
+        << R"({"run_id": "run1", "metrics": [{"key": "k", "value": 1, "timestamp": 1.7e125, )"
+        << R"("step": 1}]})"
+        << "\n"
         << "not json\n";
   }
   spool_batch(file, "run2", Batch{{}, {{"p", "v"}}, {}});

@@ -1,0 +1,114 @@
+// libFuzzer target for sgpu's decoders of untrusted or half-written input. The first byte
+// picks the decoder, the rest is its input; each must return or throw its own documented
+// error, nothing else (no crash, no other exception, no undefined behaviour or read
+// outside the input under AddressSanitizer and UndefinedBehaviorSanitizer):
+//   0 record framing (call, result, worker-call and exception records)  RecordError
+//   1 error records: rank-N/error.json and torchrun's error file        (never throws)
+//   2 fault plans                                                       ConfigError
+//   3 node specs                                                        ConfigError
+//   4 timeouts as the command line gives them                           invalid_argument,
+//                                                                       out_of_range
+//   5 the checkpoint manifest                                           CheckpointError
+//   6 the tracking spool                                                (never throws)
+// Built and run by tests/fuzz/fuzz_decoders.sh with clang; seeds in tests/fuzz/corpus/.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "serialize/error_record.h"
+#include "serialize/record.h"
+#include "sgpu/checkpoint/manifest.h"
+#include "sgpu/errors.h"
+#include "sgpu/options.h"
+#include "sim/faults.h"
+#include "sim/node_spec.h"
+#include "tracking/spool.h"
+
+namespace {
+
+// The input as a file, for the decoders that read one.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& bytes)
+      : fd_(::memfd_create("sgpu-fuzz-input", MFD_CLOEXEC)) {
+    if (fd_ < 0 || ::write(fd_, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
+      std::abort();
+    }
+  }
+  ~InputFile() { ::close(fd_); }
+  std::string path() const { return "/proc/self/fd/" + std::to_string(fd_); }
+
+ private:
+  int fd_;
+};
+
+void records(const std::string& bytes) {
+  using sgpu::serialize::RecordKind;
+  for (RecordKind kind :
+       {RecordKind::kCall, RecordKind::kResult, RecordKind::kWorkerCall, RecordKind::kException}) {
+    try {
+      const std::string payload = sgpu::serialize::decode_record(bytes, kind, 1 << 16);
+      // What decodes is one whole record: encoding its payload again gives the input, all
+      // but the header's last 4 bytes (reserved: written 0, not read).
+      std::string again = sgpu::serialize::encode_record(kind, payload);
+      if (again.size() != bytes.size()) std::abort();
+      std::copy_n(bytes.data() + 28, 4, again.data() + 28);
+      if (again != bytes) std::abort();
+    } catch (const sgpu::serialize::RecordError&) {
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 7) {
+    case 0:
+      records(input);
+      break;
+    case 1: {
+      const InputFile file(input);
+      (void)sgpu::serialize::read_error_record(file.path());
+      (void)sgpu::serialize::read_torchelastic_error(file.path());
+      break;
+    }
+    case 2:
+      try {
+        (void)sgpu::sim::parse_faults(input, 1 + static_cast<int>(size % 8));
+      } catch (const sgpu::ConfigError&) {
+      }
+      break;
+    case 3:
+      try {
+        (void)sgpu::sim::parse_node_spec(input);
+      } catch (const sgpu::ConfigError&) {
+      }
+      break;
+    case 4:
+      try {
+        (void)sgpu::parse_timeout(input);  // the options' checks judge its value
+      } catch (const std::invalid_argument&) {
+      } catch (const std::out_of_range&) {
+      }
+      break;
+    case 5:
+      try {
+        (void)sgpu::checkpoint::Manifest::parse(input, "fuzz-input");
+      } catch (const sgpu::checkpoint::CheckpointError&) {
+      }
+      break;
+    case 6: {
+      const InputFile file(input);
+      (void)sgpu::tracking::read_spool(file.path());
+      break;
+    }
+  }
+  return 0;
+}

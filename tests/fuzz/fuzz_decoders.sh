@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the decoders' libFuzzer target (decoders_fuzz.cc) with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer, and runs it for a bounded time from the seeds in corpus/.
+# A crash leaves its input as WORK_DIR/crash-* and fails; add it to corpus/ (and a test)
+# once fixed.
+# Usage: fuzz_decoders.sh SOURCE_DIR WORK_DIR TORCH_DIR [SECONDS]
+set -euo pipefail
+src=$1 work=$2 torch=$3 seconds=${4:-35}
+mkdir -p "$work/decoders-corpus"
+cp -n "$src/tests/fuzz/corpus/"* "$work/decoders-corpus/"
+binary=$work/decoders_fuzz
+sources=(
+  tests/fuzz/decoders_fuzz.cc
+  src/serialize/record.cc src/serialize/error_record.cc src/contract/atomic_file.cc
+  src/contract/abrupt_end.cc src/contract/front_end.cc src/sgpu/errors.cc
+  sim/faults.cc sim/node_spec.cc src/backend/gpu_type.cc
+  src/sgpu/checkpoint/manifest.cc src/sgpu/checkpoint/safetensors.cc
+  src/tracking/spool.cc src/tracking/log_batch.cc src/tracking/run_model.cc
+  src/tracking/validation.cc
+)
+paths=("${sources[@]/#/$src/}")
+stale() {
+  [[ ! -x $binary ]] ||
+    [[ -n $(find "${paths[@]}" "$src/src" "$src/sim" \( -name '*.h' -o -name '*.cc' \) \
+      -newer "$binary" | head -1) ]]
+}
+if stale; then
+  "${CXX:-clang++}" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \
+    -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src/src" -I"$src" \
+    -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" "${paths[@]}" \
+    -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -lz -o "$binary.new"
+  mv "$binary.new" "$binary"
+fi
+# Fresh inputs it finds go to the work folder's corpus, never to the repository.
+ASAN_OPTIONS=detect_leaks=0 "$binary" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+  -rss_limit_mb=4096 -artifact_prefix="$work/" "$work/decoders-corpus"
