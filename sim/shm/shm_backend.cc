@@ -116,6 +116,11 @@ struct Dense {
   }
 };
 
+// memcpy for pieces that may be empty, whose pointers may then be null (an empty tensor's).
+void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 const c10::TypePtr& tensor_list_type() {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   return type;
@@ -245,9 +250,9 @@ class ShmBackend final : public c10d::Backend {
       do {
         const std::size_t c = std::min(cap, n - off);
         const int b = begin_stage();
-        if (rank_ == root) std::memcpy(segment_->slot(b, root), t.data() + off * e, c * e);
+        if (rank_ == root) copy_bytes(segment_->slot(b, root), t.data() + off * e, c * e);
         sync(d, b, off == 0);
-        if (rank_ != root) std::memcpy(t.data() + off * e, segment_->slot(b, root), c * e);
+        if (rank_ != root) copy_bytes(t.data() + off * e, segment_->slot(b, root), c * e);
         off += c;
       } while (off < n);
       t.finish();
@@ -600,12 +605,12 @@ class ShmBackend final : public c10d::Backend {
     do {
       const std::size_t c = std::min(cap, n - off);
       const int b = begin_stage();
-      std::memcpy(segment_->slot(b, rank_), t.data() + off * e, c * e);
+      copy_bytes(segment_->slot(b, rank_), t.data() + off * e, c * e);
       sync(d, b, off == 0);
       std::byte* out = t.data() + off * e;
       if (c * e * size_ <= kFoldWhole || size_ == 1) {
         if (root < 0 || rank_ == root) {
-          std::memcpy(out, segment_->slot(b, 0), c * e);
+          copy_bytes(out, segment_->slot(b, 0), c * e);
           for (int r = 1; r < size_; ++r) combine(out, segment_->slot(b, r), c, dtype, op);
         }
       } else {
@@ -618,7 +623,7 @@ class ShmBackend final : public c10d::Backend {
         ++round_;
         segment_->arrive(
             round_, deadline_, [&] { return what(d); }, [&] { progress(); });
-        if (root < 0 || rank_ == root) std::memcpy(out, segment_->slot(b, 0), c * e);
+        if (root < 0 || rank_ == root) copy_bytes(out, segment_->slot(b, 0), c * e);
       }
       off += c;
     } while (off < n);
@@ -650,10 +655,10 @@ class ShmBackend final : public c10d::Backend {
     do {
       const std::size_t c = std::min(cap, n - off);
       const int b = begin_stage();
-      std::memcpy(segment_->slot(b, rank_), in.data() + off * e, c * e);
+      copy_bytes(segment_->slot(b, rank_), in.data() + off * e, c * e);
       sync(d, b, off == 0);
       for (std::size_t r = 0; r < outs.size(); ++r) {
-        std::memcpy(outs[r].data() + off * e, segment_->slot(b, static_cast<int>(r)), c * e);
+        copy_bytes(outs[r].data() + off * e, segment_->slot(b, static_cast<int>(r)), c * e);
       }
       off += c;
     } while (off < n);
@@ -685,16 +690,16 @@ class ShmBackend final : public c10d::Backend {
       const int b = begin_stage();
       if (rank_ == source) {
         for (std::size_t j = 0; j < ins.size(); ++j) {
-          std::memcpy(segment_->slot(b, rank_) + j * c * e, ins[j].data() + off * e, c * e);
+          copy_bytes(segment_->slot(b, rank_) + j * c * e, ins[j].data() + off * e, c * e);
         }
       }
       sync(d, b, off == 0);
       std::byte* dst = out.data() + off * e;
       const std::size_t mine = static_cast<std::size_t>(rank_) * c * e;
       if (root >= 0) {
-        std::memcpy(dst, segment_->slot(b, root) + mine, c * e);
+        copy_bytes(dst, segment_->slot(b, root) + mine, c * e);
       } else {
-        std::memcpy(dst, segment_->slot(b, 0) + mine, c * e);
+        copy_bytes(dst, segment_->slot(b, 0) + mine, c * e);
         for (int r = 1; r < size_; ++r) {
           combine(dst, segment_->slot(b, r) + mine, c, dtype, static_cast<Op>(reduce));
         }
@@ -756,7 +761,7 @@ class ShmBackend final : public c10d::Backend {
       for (int dst = 0; dst < size_; ++dst) {
         const Piece& p = sends[dst];
         const std::size_t from = std::min(p.bytes, k * q);
-        std::memcpy(mine + dst * q, p.data + from, std::min(q, p.bytes - from));
+        copy_bytes(mine + dst * q, p.data + from, std::min(q, p.bytes - from));
       }
       if (k == 0) {
         std::uint64_t* lengths = segment_->lengths(b, rank_);
@@ -777,7 +782,7 @@ class ShmBackend final : public c10d::Backend {
       for (int src = 0; src < size_; ++src) {
         const Piece& p = receives[src];
         const std::size_t from = std::min(p.bytes, k * q);
-        std::memcpy(p.data + from, segment_->slot(b, src) + rank_ * q, std::min(q, p.bytes - from));
+        copy_bytes(p.data + from, segment_->slot(b, src) + rank_ * q, std::min(q, p.bytes - from));
       }
     }
   }
@@ -826,16 +831,16 @@ class ShmBackend final : public c10d::Backend {
     const std::size_t cap = segment_->channel_bytes();
     const std::size_t pos = at % cap;
     const std::size_t first = std::min(n, cap - pos);
-    std::memcpy(ring + pos, src, first);
-    std::memcpy(ring, src + first, n - first);
+    copy_bytes(ring + pos, src, first);
+    copy_bytes(ring, src + first, n - first);
   }
 
   void ring_read(const std::byte* ring, std::uint64_t at, std::byte* dst, std::size_t n) const {
     const std::size_t cap = segment_->channel_bytes();
     const std::size_t pos = at % cap;
     const std::size_t first = std::min(n, cap - pos);
-    std::memcpy(dst, ring + pos, first);
-    std::memcpy(dst + first, ring, n - first);
+    copy_bytes(dst, ring + pos, first);
+    copy_bytes(dst + first, ring, n - first);
   }
 
   // True when op is complete.
