@@ -551,10 +551,24 @@ class ShmBackend final : public c10d::Backend {
   // One round. In an op's first stage the descriptors go with it and are compared.
   void sync(const Descriptor& d, int buffer, bool first) {
     if (first) segment_->state(rank_).descriptor[buffer] = d;
+    meet(d);
+    if (first) compare(buffer);
+  }
+
+  // The next round, with every rank.
+  void meet(const Descriptor& d) {
     ++round_;
     segment_->arrive(
         round_, deadline_, [&] { return what(d); }, [&] { progress(); });
-    if (first) compare(buffer);
+  }
+
+  // AVG: the sum divided by the world size (integers truncated).
+  void average(at::Tensor& t) const {
+    if (c10::isIntegralType(t.scalar_type(), false)) {
+      t.div_(size_, "trunc");
+    } else {
+      t.div_(size_);
+    }
   }
 
   std::string what(const Descriptor& d) const {
@@ -620,20 +634,12 @@ class ShmBackend final : public c10d::Backend {
         for (int r = 1; r < size_; ++r) {
           combine(acc, segment_->slot(b, r) + lo * e, hi - lo, dtype, op);
         }
-        ++round_;
-        segment_->arrive(
-            round_, deadline_, [&] { return what(d); }, [&] { progress(); });
+        meet(d);
         if (root < 0 || rank_ == root) copy_bytes(out, segment_->slot(b, 0), c * e);
       }
       off += c;
     } while (off < n);
-    if (op == Op::AVG && (root < 0 || rank_ == root)) {
-      if (c10::isIntegralType(dtype, false)) {
-        t.work.div_(size_, "trunc");
-      } else {
-        t.work.div_(size_);
-      }
-    }
+    if (op == Op::AVG && (root < 0 || rank_ == root)) average(t.work);
   }
 
   // All-gather and gather: every rank's input into outputs[r] (root -1: on every rank).
@@ -706,13 +712,7 @@ class ShmBackend final : public c10d::Backend {
       }
       off += c;
     } while (off < n);
-    if (reduce == static_cast<int>(Op::AVG)) {
-      if (c10::isIntegralType(dtype, false)) {
-        out.work.div_(size_, "trunc");
-      } else {
-        out.work.div_(size_);
-      }
-    }
+    if (reduce == static_cast<int>(Op::AVG)) average(out.work);
     out.finish();
   }
 
