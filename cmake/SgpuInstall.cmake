@@ -1,7 +1,7 @@
 # Installing sgpu: libraries, headers, the CMake package (find_package(sgpu)) and a .deb.
 include(CMakePackageConfigHelpers)
 
-set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
+set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_collectives sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
   sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
 if(SGPU_WITH_CUDA)
   list(APPEND _sgpu_exported sgpu_backend_cuda)

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "backend/process_group_factory.h"
+#include "collectives/interposer.h"
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
@@ -41,115 +42,16 @@ RankFaults& rank_faults() {
 }
 
 // Counts collectives and applies the faults planned for them, then runs the real one.
-class FaultInjectingBackend final : public c10d::Backend {
+// Point-to-point transfers are not collectives: they pass without counting.
+class FaultInjectingBackend final : public collectives::InterposingBackend {
  public:
-  explicit FaultInjectingBackend(c10::intrusive_ptr<c10d::Backend> inner)
-      : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+  using InterposingBackend::InterposingBackend;
 
-  const std::string getBackendName() const override { return inner_->getBackendName(); }
-
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override {
-    before();
-    return inner_->broadcast(tensors, opts);
+ protected:
+  c10::intrusive_ptr<c10d::Work> around(const collectives::OpCall& call, Run run) override {
+    if (!contract::is_point_to_point(call.op)) before();
+    return run();
   }
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override {
-    before();
-    return inner_->allreduce(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override {
-    before();
-    return inner_->reduce(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override {
-    before();
-    return inner_->allgather(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override {
-    before();
-    return inner_->_allgather_base(output, input, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override {
-    before();
-    return inner_->reduce_scatter(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-    before();
-    return inner_->_reduce_scatter_base(output, input, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
-                                               const c10d::AllToAllOptions& opts) override {
-    before();
-    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override {
-    before();
-    return inner_->alltoall(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    before();
-    return inner_->barrier(opts);
-  }
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override {
-    before();
-    return inner_->gather(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override {
-    before();
-    return inner_->scatter(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    before();
-    return inner_->allreduce_coalesced(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override {
-    before();
-    return inner_->allgather_coalesced(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    before();
-    return inner_->allgather_into_tensor_coalesced(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override {
-    before();
-    return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  }
-  // Point-to-point transfers are not collectives: they pass without counting.
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
-    return inner_->send(tensors, dst, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
-    return inner_->recv(tensors, src, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    return inner_->recvAnysource(tensors, tag);
-  }
-  void setTimeout(std::chrono::milliseconds timeout) override { inner_->setTimeout(timeout); }
-  void setSequenceNumberForGroup() override { inner_->setSequenceNumberForGroup(); }
-  uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
 
  private:
   void before() {
@@ -169,13 +71,7 @@ class FaultInjectingBackend final : public c10d::Backend {
       }
     }
   }
-
-  c10::intrusive_ptr<c10d::Backend> inner_;
 };
-
-}  // namespace
-
-namespace {
 
 // Options::sim_faults, else SGPU_SIM_FAULTS.
 std::string plan_of(const Options& options) {
@@ -256,6 +152,7 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(request.store, request.rank,
                                                         request.world_size, options);
   }
+  if (request.record) group = request.record(std::move(group));
   if (rank_faults().faults.empty()) return group;
   return c10::make_intrusive<FaultInjectingBackend>(std::move(group));
 }

@@ -24,6 +24,7 @@
 
 #include "backend/backend_table.h"
 #include "backend/process_group_factory.h"
+#include "collectives/recorder.h"
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
@@ -57,6 +58,11 @@ Options options_from(const py::dict& given) {
     } else if (key == "timeout") {
       options.timeout =
           value.is_none() ? kNoTimeout : Timeout(milliseconds_of(py::cast<double>(value)));
+    } else if (key == "hang_timeout") {
+      options.hang_timeout =
+          value.is_none() ? kNoTimeout : Timeout(milliseconds_of(py::cast<double>(value)));
+    } else if (key == "recorder_entries") {
+      options.recorder_entries = py::cast<std::uint32_t>(value);
     } else if (key == "backend") {
       options.backend = py::cast<std::string>(value);
     } else if (key == "sim_node") {
@@ -121,9 +127,9 @@ py::dict row_of(const RankFailure& row) {
 
 // Raises sgpu.errors' class for the C++ error being handled.
 void raise_as_python(const char* kind, const std::string& message, py::list rows = py::list(),
-                     const std::string& run_dir = {}) {
+                     const std::string& run_dir = {}, py::object collectives = py::none()) {
   py::object errors = py::module_::import("sgpu.errors");
-  py::object error = errors.attr("_from_native")(kind, message, rows, run_dir);
+  py::object error = errors.attr("_from_native")(kind, message, rows, run_dir, collectives);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
 }
 
@@ -134,9 +140,14 @@ void translate(std::exception_ptr pending) {
     py::list rows;
     for (const RankFailure& row : e.ranks()) rows.append(row_of(row));
     const char* kind = dynamic_cast<const TimeoutError*>(&e) != nullptr     ? "timeout"
+                       : dynamic_cast<const HangError*>(&e) != nullptr      ? "hang"
                        : dynamic_cast<const CancelledError*>(&e) != nullptr ? "cancelled"
                                                                             : "distributed";
-    raise_as_python(kind, e.what(), rows, e.run_dir().string());
+    py::dict collectives;
+    collectives["verdict"] = e.collectives().verdict;
+    collectives["culprits"] = e.collectives().culprits;
+    collectives["table"] = e.collectives().table;
+    raise_as_python(kind, e.what(), rows, e.run_dir().string(), collectives);
   } catch (const ConfigError& e) {
     raise_as_python("config", e.what());
   } catch (const AcceleratorMismatchError& e) {
@@ -317,8 +328,10 @@ py::object read_error(const std::string& rank_dir) {
 // torch.distributed's creator for the "sgpu" backend: the process group the backend of
 // the call makes for C++ ranks too (Gloo with the fault plan on sim, NCCL on cuda), over
 // the store torch rendezvoused with.
+// `global_ranks`: the group's members by group rank; empty for the default group.
 c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                     int rank, int size, double timeout_seconds) {
+                                                     int rank, int size, double timeout_seconds,
+                                                     const std::vector<int>& global_ranks) {
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.backend.empty()) {
     throw Error(
@@ -331,6 +344,16 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   request.world_size = size;
   request.device_index = env.device_index;
   request.timeout = milliseconds_of(timeout_seconds);
+  contract::RingGroup recorded{"world", size, rank, global_ranks};
+  if (recorded.members.empty()) {
+    for (int member = 0; member < size; ++member) recorded.members.push_back(member);
+  } else if (static_cast<int>(recorded.members.size()) != env.world_size) {
+    recorded.name = "ranks";
+    for (std::size_t i = 0; i < recorded.members.size(); ++i) {
+      recorded.name += (i == 0 ? " " : ",") + std::to_string(recorded.members[i]);
+    }
+  }
+  request.record = collectives::recorder_for(std::move(recorded));
   py::gil_scoped_release release;
   return backend::find_backend(env.backend).process_groups().make(request);
 }
@@ -374,7 +397,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("read_exception", &read_exception, py::arg("rank_dir"), py::arg("limit"));
   m.def("read_error", &read_error, py::arg("rank_dir"));
   m.def("make_process_group", &make_process_group, py::arg("store"), py::arg("rank"),
-        py::arg("size"), py::arg("timeout_seconds"));
+        py::arg("size"), py::arg("timeout_seconds"), py::arg("global_ranks") = std::vector<int>());
 
   m.def(
       "log_metric",

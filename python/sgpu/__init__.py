@@ -45,10 +45,12 @@ from sgpu._runtime import (  # noqa: E402
 from sgpu.errors import (  # noqa: E402
     AcceleratorMismatchError,
     CancelledError,
+    CollectiveDiagnosis,
     ConfigError,
     DistributedError,
     Error,
     RankFailure,
+    HangError,
     TimeoutError,
     TrackingError,
 )
@@ -64,12 +66,14 @@ _runtime.install_process_group_hook()
 __all__ = [
     "AcceleratorMismatchError",
     "CancelledError",
+    "CollectiveDiagnosis",
     "ConfigError",
     "DistributedError",
     "DistributedFunction",
     "Error",
     "Handle",
     "RankFailure",
+    "HangError",
     "TimeoutError",
     "TrackingError",
     "device",

@@ -33,6 +33,11 @@ _OPTION_TYPES = {
     "gpus": (int, "a positive int"),
     "gpu_type": (str, 'a GPU type such as "H100"'),
     "timeout": ((int, float, type(None)), "seconds (a positive number), or None for no deadline"),
+    "hang_timeout": (
+        (int, float, type(None)),
+        "seconds (a positive number), or None to never judge a call hung",
+    ),
+    "recorder_entries": (int, "a number of collectives (0: none recorded)"),
     "backend": (str, '"auto", "cuda" or "sim"'),
     "sim_node": (str, 'a node spec such as "8xH100"'),
     "sim_faults": (str, 'a fault plan such as "rank=1:segv@collective=3"'),
@@ -70,6 +75,14 @@ def _check_options(options: dict) -> dict:
             f"timeout must be positive seconds, got {timeout!r}; use timeout=None for no deadline"
         )
     checked["timeout"] = timeout
+    hang_timeout = checked.get("hang_timeout", 600.0)
+    if hang_timeout is not None and not hang_timeout > 0:
+        raise errors.ConfigError(
+            f"hang_timeout must be positive seconds, got {hang_timeout!r}; "
+            "use hang_timeout=None to never judge a call hung"
+        )
+    if checked.get("recorder_entries", 0) < 0:
+        raise errors.ConfigError("recorder_entries must not be negative")
     if "max_payload_bytes" in checked and checked["max_payload_bytes"] < 1:
         raise errors.ConfigError("max_payload_bytes must be positive")
     if checked.get("teardown_grace", 0) < 0:

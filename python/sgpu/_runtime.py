@@ -67,11 +67,18 @@ def device():
     return torch.device("cpu")
 
 
-def _create_process_group(store, rank, size, timeout):
+def _create_process_group(options, _backend_options=None):
     from sgpu import _native
 
+    timeout = options.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return _native.make_process_group(store, rank, size, seconds)
+    return _native.make_process_group(
+        options.store,
+        options.group_rank,
+        options.group_size,
+        seconds,
+        list(options.global_ranks_in_group or []),
+    )
 
 
 def register_backend() -> None:
@@ -81,7 +88,9 @@ def register_backend() -> None:
 
     if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"]
+    )
 
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

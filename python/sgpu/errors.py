@@ -8,6 +8,7 @@
       DistributedError          a rank failed; .ranks has one RankFailure per rank,
                                 .root_cause the earliest failure
         TimeoutError            the call's deadline passed
+        HangError               a collective was in flight longer than hang_timeout
         CancelledError          the call was cancelled (Handle.cancel, Ctrl-C)
 
 A rank's own exception is raised as itself in the caller where it unpickles, with the
@@ -59,14 +60,33 @@ class RankFailure:
     traceback: str = ""  # the rank's Python traceback, when it raised
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectiveDiagnosis:
+    """What the ranks' collective recorders say of a call that hung, timed out or failed
+    in a collective: the verdict (empty when they say nothing), the ranks it names as the
+    cause, and each rank's last collectives."""
+
+    verdict: str = ""
+    culprits: tuple = ()
+    table: str = ""
+
+
 class DistributedError(Error):
     """A rank failed. .ranks: one RankFailure per rank, in rank order; .run_dir: the kept
-    run folder (each rank's logs, result and error records)."""
+    run folder (each rank's logs, result and error records); .collectives: what the
+    collective recorders say (CollectiveDiagnosis)."""
 
-    def __init__(self, message: str, ranks: list[RankFailure], run_dir: str):
+    def __init__(
+        self,
+        message: str,
+        ranks: list[RankFailure],
+        run_dir: str,
+        collectives: Optional[CollectiveDiagnosis] = None,
+    ):
         super().__init__(message)
         self.ranks = ranks
         self.run_dir = run_dir
+        self.collectives = collectives or CollectiveDiagnosis()
 
     @property
     def root_cause(self) -> Optional[RankFailure]:
@@ -76,6 +96,11 @@ class DistributedError(Error):
 
 class TimeoutError(DistributedError):  # noqa: A001 - sgpu.TimeoutError, as in C++
     """The call's deadline passed; the message names the ranks still running."""
+
+
+class HangError(DistributedError):
+    """A collective was in flight on some rank longer than hang_timeout; the message
+    starts with the verdict (.collectives)."""
 
 
 class CancelledError(DistributedError):
@@ -97,12 +122,22 @@ _CLASSES = {
 _DISTRIBUTED = {
     "distributed": DistributedError,
     "timeout": TimeoutError,
+    "hang": HangError,
     "cancelled": CancelledError,
 }
 
 
-def _from_native(kind: str, message: str, rows: list, run_dir: str) -> Error:
+def _from_native(
+    kind: str, message: str, rows: list, run_dir: str, collectives: Optional[dict] = None
+) -> Error:
     """The Python error for an error of the C++ core (python/native/module.cc)."""
     if kind in _DISTRIBUTED:
-        return _DISTRIBUTED[kind](message, [RankFailure(**row) for row in rows], run_dir)
+        diagnosis = CollectiveDiagnosis(
+            verdict=(collectives or {}).get("verdict", ""),
+            culprits=tuple((collectives or {}).get("culprits", ())),
+            table=(collectives or {}).get("table", ""),
+        )
+        return _DISTRIBUTED[kind](
+            message, [RankFailure(**row) for row in rows], run_dir, diagnosis
+        )
     return _CLASSES.get(kind, Error)(message)

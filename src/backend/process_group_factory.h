@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -14,12 +15,20 @@
 
 namespace sgpu::backend {
 
+// Wraps a transport's group (the collective recorder: collectives/recorder.h).
+using RecordHook =
+    std::function<c10::intrusive_ptr<c10d::Backend>(c10::intrusive_ptr<c10d::Backend>)>;
+
 struct ProcessGroupRequest {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
   int world_size = 1;
   int device_index = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Applied by the factory to the transport's group, beneath anything that stands for the
+  // rank's own code (the fault plan's collective faults), so what it sees is what reached
+  // the transport. Empty: nothing is recorded.
+  RecordHook record;
 };
 
 class ProcessGroupFactory {

@@ -5,7 +5,7 @@
 //   sgpu tracking sync [--log-dir D]        send runs left pending when a store was down
 //
 // Exit status of `sgpu run`: 0 when every rank succeeded; else the root-cause rank's exit
-// code, or 128+signal when a signal killed it; 124 on timeout; 3 for an accelerator
+// code, or 128+signal when a signal killed it; 124 on timeout or hang; 3 for an accelerator
 // mismatch; 2 for bad flags or options. Interrupted (Ctrl-C, SIGTERM), it tears the ranks
 // down and dies of the signal.
 #include <unistd.h>
@@ -66,6 +66,9 @@ int run(sgpu::Options options, const std::vector<std::string>& command) {
     sgpu::detail::start_program(options, command)->wait();
     return 0;
   } catch (const sgpu::TimeoutError& e) {
+    std::cerr << e.what() << std::endl;
+    return kTimedOut;
+  } catch (const sgpu::HangError& e) {
     std::cerr << e.what() << std::endl;
     return kTimedOut;
   } catch (const sgpu::DistributedError& e) {
@@ -143,13 +146,14 @@ int main(int argc, char** argv) {
       "run", "Start PROGRAM on N ranks with torchrun's environment (RANK, WORLD_SIZE, ...)");
   run_cmd->footer(
       "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
-      "128+signal; 124 on timeout; 3 when the node cannot serve the request; 2 for bad\n"
+      "128+signal; 124 on timeout or hang; 3 when the node cannot serve the request; 2 for bad\n"
       "flags or options (a tracking URI that cannot work, say).\n"
       "Example:\n"
       "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
       "print(os.environ[\"RANK\"])'");
   int gpus = 1;
-  std::string gpu_type, backend = "auto", timeout = "10800", log_dir, ranks, run_name;
+  std::string gpu_type, backend = "auto", timeout = "10800", hang_timeout = "600", log_dir, ranks,
+                        run_name;
   std::string experiment;
   bool no_tracking = false;
   std::vector<std::string> command;
@@ -158,6 +162,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--backend", backend, "auto, cuda or sim (SGPU_BACKEND overrides)")
       ->capture_default_str();
   run_cmd->add_option("--timeout", timeout, "Seconds, or none")->capture_default_str();
+  run_cmd
+      ->add_option("--hang-timeout", hang_timeout,
+                   "Seconds a collective may be in flight before the call is judged hung, or "
+                   "none (SGPU_HANG_TIMEOUT overrides)")
+      ->capture_default_str();
   run_cmd->add_option("--log-dir", log_dir, "Where run folders go");
   run_cmd->add_option("--ranks", ranks, "Ranks whose output the console shows, e.g. 0,3");
   run_cmd->add_option("--run-name", run_name, "Name of the launch in errors and of its MLflow run");
@@ -246,6 +255,16 @@ int main(int argc, char** argv) {
   if (options.timeout && options.timeout->count() <= 0) {
     std::cerr << "sgpu run: --timeout takes seconds or none, got \"" << timeout
               << "\"; give more than 0 seconds, or none for no deadline\n";
+    return kUsageError;
+  }
+  try {
+    options.hang_timeout = sgpu::parse_timeout(hang_timeout);
+  } catch (const std::exception&) {
+    options.hang_timeout = std::chrono::milliseconds(0);
+  }
+  if (options.hang_timeout && options.hang_timeout->count() <= 0) {
+    std::cerr << "sgpu run: --hang-timeout takes seconds or none, got \"" << hang_timeout
+              << "\"; give more than 0 seconds, or none to never judge a launch hung\n";
     return kUsageError;
   }
   if (!ranks.empty()) {

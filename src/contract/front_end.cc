@@ -11,9 +11,16 @@ std::atomic<FrontEnd> g_front_end{FrontEnd::kCpp};
 // The sgpu command's flag for each Options member it has one for.
 std::string flag_of(std::string_view setting) {
   static const std::map<std::string_view, std::string_view> flags = {
-      {"gpus", "--gpus"},       {"gpu_type", "--gpu-type"},     {"backend", "--backend"},
-      {"timeout", "--timeout"}, {"runs_dir", "--log-dir"},      {"console_ranks", "--ranks"},
-      {"name", "--run-name"},   {"experiment", "--experiment"}, {"tracking", "--no-tracking"},
+      {"gpus", "--gpus"},
+      {"gpu_type", "--gpu-type"},
+      {"backend", "--backend"},
+      {"timeout", "--timeout"},
+      {"runs_dir", "--log-dir"},
+      {"console_ranks", "--ranks"},
+      {"name", "--run-name"},
+      {"experiment", "--experiment"},
+      {"tracking", "--no-tracking"},
+      {"hang_timeout", "--hang-timeout"},
   };
   const auto it = flags.find(setting);
   return it != flags.end() ? std::string(it->second) : std::string(setting);
@@ -47,6 +54,18 @@ std::string spell_no_timeout() {
       break;
   }
   return "sgpu::kNoTimeout";
+}
+
+std::string spell_none(std::string_view setting) {
+  switch (front_end()) {
+    case FrontEnd::kCommand:
+      return flag_of(setting) + " none";
+    case FrontEnd::kPython:
+      return std::string(setting) + "=None";
+    case FrontEnd::kCpp:
+      break;
+  }
+  return "Options::" + std::string(setting) + " = sgpu::kNoTimeout";
 }
 
 }  // namespace sgpu::contract

@@ -23,5 +23,8 @@ std::string spell(std::string_view setting, std::string_view value);
 std::string spell(std::string_view setting);
 // How to ask for no timeout: sgpu::kNoTimeout / --timeout none / timeout=None.
 std::string spell_no_timeout();
+// How to turn off another timeout: --hang-timeout none / hang_timeout=None /
+// Options::hang_timeout = sgpu::kNoTimeout.
+std::string spell_none(std::string_view setting);
 
 }  // namespace sgpu::contract

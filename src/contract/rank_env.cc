@@ -41,6 +41,7 @@ std::vector<std::pair<std::string, std::string>> RankEnvironment::variables() co
       {kParentVar, std::to_string(parent_pid)},
       {kLifelineVar, std::to_string(lifeline_fd)},
       {kGroupTimeoutVar, std::to_string(group_timeout.count())},
+      {kRecorderEntriesVar, std::to_string(recorder_entries)},
   };
 }
 
@@ -62,6 +63,7 @@ RankEnvironment read_rank_environment() {
   env.lifeline_fd = static_cast<int>(env_int(kLifelineVar, env.lifeline_fd));
   env.group_timeout =
       std::chrono::milliseconds(env_int(kGroupTimeoutVar, env.group_timeout.count()));
+  env.recorder_entries = env_int(kRecorderEntriesVar, env.recorder_entries);
   return env;
 }
 

@@ -33,6 +33,7 @@ inline constexpr const char* kBackendVar = "SGPU_RANK_BACKEND";           // res
 inline constexpr const char* kParentVar = "SGPU_PARENT_PID";              // expected parent
 inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";           // lifeline read end
 inline constexpr const char* kGroupTimeoutVar = "SGPU_GROUP_TIMEOUT_MS";  // collectives
+inline constexpr const char* kRecorderEntriesVar = "SGPU_RECORDER_ENTRIES";  // collective ring
 
 struct RankEnvironment {
   int rank = 0;
@@ -50,6 +51,7 @@ struct RankEnvironment {
   long parent_pid = 0;
   int lifeline_fd = -1;
   std::chrono::milliseconds group_timeout{std::chrono::minutes(30)};
+  long long recorder_entries = 0;  // the collective ring's size (NOTE [The collective ring])
 
   // NAME, value for every variable above, torchrun's GROUP_RANK and ROLE_RANK included.
   std::vector<std::pair<std::string, std::string>> variables() const;

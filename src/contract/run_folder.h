@@ -13,6 +13,8 @@
 //                                  TORCHELASTIC_ERROR_FILE, which @record writes)
 //   rank-<N>/abrupt-end            when it went down without one (contract/abrupt_end.h)
 //   rank-<N>/tracking-spool.jsonl  what the rank's logger could not send (tracking)
+//   rank-<N>/collectives.ring      the rank's recent collectives (NOTE [The collective ring])
+//   collectives.txt                the call's collectives, when it hung or failed in one
 //
 // It is kept after a failure, removed after success unless asked to keep it.
 #pragma once
@@ -34,6 +36,7 @@ struct RankFolder {
   std::filesystem::path tracking_spool() const { return dir / kTrackingSpoolName; }
   // When the rank went down without an error record (NOTE [Abrupt ends]).
   std::filesystem::path abrupt_end() const { return dir / "abrupt-end"; }
+  std::filesystem::path collective_ring() const { return dir / "collectives.ring"; }
 
   static constexpr const char* kTrackingSpoolName = "tracking-spool.jsonl";
 };
@@ -43,6 +46,7 @@ struct RunFolder {
 
   std::filesystem::path call() const { return dir / "call.bin"; }
   std::filesystem::path tracking_pending() const { return dir / kTrackingPendingName; }
+  std::filesystem::path collectives_report() const { return dir / "collectives.txt"; }
   RankFolder rank(int rank) const { return {dir / (kRankPrefix + std::to_string(rank))}; }
   // True for the name of a rank's folder ("rank-3").
   static bool is_rank_folder_name(const std::string& name) {

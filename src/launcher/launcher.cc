@@ -21,11 +21,14 @@
 #include "backend/backend_table.h"
 #include "backend/selection.h"
 #include "contract/abrupt_end.h"
+#include "contract/atomic_file.h"
+#include "contract/collective_ring.h"
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "launcher/failure_table.h"
 #include "launcher/fork_server.h"
+#include "launcher/hang_diagnosis.h"
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
 #include "launcher/process.h"
@@ -68,6 +71,11 @@ void check_options(const Options& options, bool runs_a_program) {
     throw ConfigError(contract::spell("timeout") + " must be positive, got " +
                       std::to_string(options.timeout->count()) + " ms; use " +
                       contract::spell_no_timeout() + " for no deadline");
+  }
+  if (options.hang_timeout && options.hang_timeout->count() <= 0) {
+    throw ConfigError(contract::spell("hang_timeout") + " must be positive, got " +
+                      std::to_string(options.hang_timeout->count()) + " ms; use " +
+                      contract::spell_none("hang_timeout") + " to never judge a call hung");
   }
   if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
   if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
@@ -116,6 +124,19 @@ void check_runnable(const std::string& program) {
                     "\": no executable of that name on PATH; give its path, or check the name");
 }
 
+// Options::hang_timeout, unless SGPU_HANG_TIMEOUT (seconds, or none) says otherwise.
+Timeout hang_timeout_of(const Options& options) {
+  const char* env = std::getenv("SGPU_HANG_TIMEOUT");
+  if (env == nullptr || *env == '\0') return options.hang_timeout;
+  const std::string given = std::string("SGPU_HANG_TIMEOUT=") + env;
+  try {
+    const Timeout timeout = parse_timeout(env);
+    if (!timeout || timeout->count() > 0) return timeout;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(given + " is not a hang timeout: give positive seconds, or none");
+}
+
 std::filesystem::path make_run_dir(const Options& options) {
   static std::atomic<unsigned> counter{0};
   const std::filesystem::path root = runs_dir(options);
@@ -159,7 +180,7 @@ class CallImpl final : public detail::Call {
   CallImpl(CallKind kind, Options options, serialize::CallRecord record, WorkerCall spec,
            std::string backend_name, std::vector<std::string> backend_env,
            backend::Selection selection, std::filesystem::path run_dir,
-           std::unique_ptr<tracking::CallRun> tracking)
+           std::unique_ptr<tracking::CallRun> tracking, Timeout hang_timeout)
       : kind_(kind),
         options_(std::move(options)),
         record_(std::move(record)),
@@ -169,6 +190,7 @@ class CallImpl final : public detail::Call {
         selection_(std::move(selection)),
         run_dir_(std::move(run_dir)),
         tracking_(std::move(tracking)),
+        hang_timeout_(options_.recorder_entries > 0 ? hang_timeout : kNoTimeout),
         tracking_link_(tracking_ ? tracking_->link() : std::string()),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
@@ -226,7 +248,62 @@ class CallImpl final : public detail::Call {
   }
 
  private:
-  enum class Outcome { kRunning, kSucceeded, kRankFailed, kTimedOut, kCancelled, kStartFailed };
+  enum class Outcome {
+    kRunning,
+    kSucceeded,
+    kRankFailed,
+    kTimedOut,
+    kHung,
+    kCancelled,
+    kStartFailed
+  };
+
+  // Every rank's collective ring, and how the ranks that ended did.
+  std::vector<RankView> rank_views() const {
+    std::vector<RankView> views;
+    for (const RankSlot& slot : slots_) {
+      RankView view;
+      view.rank = slot.rank;
+      view.ring = contract::read_collective_ring(slot.folder.collective_ring());
+      if (slot.exit && slot.exit->signal) {
+        view.end = "was killed by " + signal_name(*slot.exit->signal);
+      } else if (slot.exit) {
+        view.end = "exited with code " + std::to_string(slot.exit->exit_code.value_or(0));
+      }
+      views.push_back(std::move(view));
+    }
+    return views;
+  }
+
+  // True when some rank has been in one collective longer than the hang timeout.
+  bool hung() const {
+    if (!hang_timeout_) return false;
+    const auto longest = longest_in_flight(rank_views());
+    if (!longest) return false;
+    const auto since = WallClock::time_point(std::chrono::duration_cast<WallClock::duration>(
+        std::chrono::nanoseconds(longest->since_ns)));
+    return WallClock::now() - since >= *hang_timeout_;
+  }
+
+  // What the rings say now, before teardown changes it: kept for the error, and written to
+  // the run folder's collectives.txt.
+  void diagnose_collectives() {
+    if (options_.recorder_entries == 0) return;
+    const std::int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(WallClock::now().time_since_epoch())
+            .count();
+    const Diagnosis d = diagnose(rank_views(), now);
+    collectives_.verdict = d.verdict;
+    collectives_.culprits = d.culprits;
+    collectives_.table = d.table;
+    std::string report = d.verdict.empty() ? "" : d.verdict + "\n\n";
+    report += d.table + "\n";
+    try {
+      contract::write_file_atomically(contract::RunFolder{run_dir_}.collectives_report(), report);
+    } catch (const std::exception&) {
+      // The error carries the same text.
+    }
+  }
 
   std::string headline(int failed) const {
     return "sgpu: " + std::to_string(failed) + " of " + std::to_string(options_.gpus) +
@@ -260,6 +337,7 @@ class CallImpl final : public detail::Call {
     rank.parent_pid = ::getpid();
     rank.lifeline_fd = kRankLifelineFd;
     rank.group_timeout = group_timeout();
+    rank.recorder_entries = options_.recorder_entries;
     std::vector<std::pair<std::string, std::string>> vars = rank.variables();
     // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
     vars.insert(vars.end(), {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
@@ -408,6 +486,13 @@ class CallImpl final : public detail::Call {
     }
     const Clock::time_point deadline =
         options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
+    // The hang watchdog looks at the rings this often.
+    const auto watch_every = hang_timeout_ ? std::clamp<Clock::duration>(
+                                                 *hang_timeout_ / 4, std::chrono::milliseconds(50),
+                                                 std::chrono::seconds(1))
+                                           : Clock::duration::max();
+    Clock::time_point next_watch =
+        hang_timeout_ ? Clock::now() + watch_every : Clock::time_point::max();
     while (true) {
       Clock::time_point now = Clock::now();
       if (phase_ < Phase::kDraining && all_ranks_exited()) {
@@ -430,7 +515,8 @@ class CallImpl final : public detail::Call {
         if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
       }
       starter_->add_poll_fds(fds);
-      const Clock::time_point wake = phase_ == Phase::kRunning ? deadline : phase_until_;
+      const Clock::time_point wake =
+          phase_ == Phase::kRunning ? std::min(deadline, next_watch) : phase_until_;
       int timeout_ms = -1;
       if (wake != Clock::time_point::max()) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
@@ -451,6 +537,7 @@ class CallImpl final : public detail::Call {
         slot->exited_in_teardown = teardown_began_.has_value();
         if (phase_ == Phase::kRunning && !exited_ok(*slot)) {
           outcome = Outcome::kRankFailed;
+          diagnose_collectives();
           begin_teardown(now);
         }
       }
@@ -468,7 +555,16 @@ class CallImpl final : public detail::Call {
       if (phase_ == Phase::kRunning && now >= deadline) {
         outcome = Outcome::kTimedOut;
         for (RankSlot& slot : slots_) slot.timed_out = !slot.exit.has_value();
+        diagnose_collectives();
         begin_teardown(now);
+      }
+      if (phase_ == Phase::kRunning && now >= next_watch) {
+        next_watch = now + watch_every;
+        if (hung()) {
+          outcome = Outcome::kHung;
+          diagnose_collectives();
+          begin_teardown(now);
+        }
       }
       if (phase_ == Phase::kTerminating && now >= phase_until_) {
         for (RankSlot& slot : slots_) {
@@ -604,12 +700,26 @@ class CallImpl final : public detail::Call {
           if (row.kind != RankFailure::Kind::kTimedOut) continue;
           running += (running.empty() ? "" : ", ") + std::to_string(row.rank);
         }
-        const std::string headline =
+        std::string headline =
             "sgpu: " + function_label() + " timed out after " +
             std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
             ". Raise " + contract::spell("timeout") + ", or pass " + contract::spell_no_timeout();
+        if (!collectives_.verdict.empty()) {
+          headline += "\n" + collectives_.verdict + "\n" + collectives_.table;
+        }
         error = std::make_exception_ptr(
-            TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_));
+            TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
+      } else if (outcome == Outcome::kHung) {
+        const std::string headline =
+            "sgpu: " + function_label() + " hung: " + collectives_.verdict + "\n" +
+            collectives_.table + "\n(a collective was in flight for " +
+            describe_duration(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(*hang_timeout_).count()) +
+            ", " + contract::spell("hang_timeout") +
+            "; raise it for steps that wait that long, or " + "pass " +
+            contract::spell_none("hang_timeout") + ")";
+        error = std::make_exception_ptr(
+            HangError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
       } else if (outcome == Outcome::kCancelled) {
         error = std::make_exception_ptr(CancelledError(
             format_failure("sgpu: " + function_label() + " " + cancel_reason, rows, run_dir_), rows,
@@ -621,8 +731,15 @@ class CallImpl final : public detail::Call {
                 run_dir_),
             rows, run_dir_));
       } else {
-        error = std::make_exception_ptr(DistributedError(
-            format_failure(headline(std::max(failed, 1)), rows, run_dir_), rows, run_dir_));
+        // A failure in or around a collective: what the rings say comes after the root cause.
+        std::string text = headline(std::max(failed, 1));
+        CollectiveDiagnosis collectives;
+        if (!collectives_.verdict.empty() && !collectives_.culprits.empty()) {
+          collectives = collectives_;
+          text += "\n" + collectives.verdict + "\n" + collectives.table;
+        }
+        error = std::make_exception_ptr(DistributedError(format_failure(text, rows, run_dir_), rows,
+                                                         run_dir_, std::move(collectives)));
       }
     }
     {
@@ -643,6 +760,8 @@ class CallImpl final : public detail::Call {
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
   const std::unique_ptr<tracking::CallRun> tracking_;
+  const Timeout hang_timeout_;       // nullopt: never judged hung
+  CollectiveDiagnosis collectives_;  // what the rings said when the call went wrong
   const std::string tracking_link_;
   bool tracking_unsent_ = false;  // spooled entries are still in the run folder
   UniqueFd cancel_fd_;
@@ -665,6 +784,7 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
                                     serialize::CallRecord record, WorkerCall spec = {}) {
   const bool runs_a_program = kind != CallKind::kFunction;
   launcher::check_options(options, runs_a_program);
+  const Timeout hang_timeout = hang_timeout_of(options);
   // The fork server forks this binary; a program's ranks are other binaries, and a
   // worker's come from its own server when it has one.
   const bool forks = kind == CallKind::kFunction || !spec.fork_server.empty();
@@ -729,7 +849,7 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
     spec.payload.clear();  // staged: the ranks read it from call.bin
     auto call = std::make_shared<launcher::CallImpl>(
         kind, options, std::move(record), std::move(spec), std::string(chosen.name()),
-        std::move(backend_env), std::move(selection), run_dir, std::move(tracking));
+        std::move(backend_env), std::move(selection), run_dir, std::move(tracking), hang_timeout);
     call->start(method);
     return call;
   } catch (...) {

@@ -61,8 +61,11 @@ std::string RankFailure::describe() const {
 }
 
 DistributedError::DistributedError(std::string summary, std::vector<RankFailure> ranks,
-                                   std::filesystem::path run_dir)
-    : Error(std::move(summary)), ranks_(std::move(ranks)), run_dir_(std::move(run_dir)) {}
+                                   std::filesystem::path run_dir, CollectiveDiagnosis collectives)
+    : Error(std::move(summary)),
+      ranks_(std::move(ranks)),
+      run_dir_(std::move(run_dir)),
+      collectives_(std::move(collectives)) {}
 
 const RankFailure* DistributedError::root_cause() const {
   for (const RankFailure& row : ranks_) {

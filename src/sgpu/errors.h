@@ -8,6 +8,7 @@
 //                             store that cannot be used; raised at the logging call
 //   DistributedError          a rank failed; carries one RankFailure row per rank
 //     TimeoutError            the deadline passed; names the ranks still running
+//     HangError               a collective was in flight longer than hang_timeout; says why
 //     CancelledError          the caller cancelled the call, or was interrupted
 #pragma once
 
@@ -74,22 +75,39 @@ std::string to_string(RankFailure::Kind kind);
 // "SIGSEGV" for 11; "signal 77" for a signal without a name.
 std::string signal_name(int signal);
 
+// What the ranks' collective recorders say of a call that hung, timed out or failed in a
+// collective (README "When a call hangs").
+struct CollectiveDiagnosis {
+  std::string verdict;           // who the call waits on and why; empty when the rings say nothing
+  std::vector<int> culprits;     // the ranks the verdict names as the cause
+  std::string table;             // each rank's last collectives with their state
+  std::string culprit_stack;     // the first culprit's stack, when taken
+  std::filesystem::path stacks;  // every live rank's stacks (a file in the run folder), or empty
+};
+
 class DistributedError : public Error {
  public:
   DistributedError(std::string summary, std::vector<RankFailure> ranks,
-                   std::filesystem::path run_dir);
+                   std::filesystem::path run_dir, CollectiveDiagnosis collectives = {});
   // One row per rank, in rank order.
   const std::vector<RankFailure>& ranks() const { return ranks_; }
   // The earliest failure; nullptr for a timeout or cancel with no failed rank.
   const RankFailure* root_cause() const;
   const std::filesystem::path& run_dir() const { return run_dir_; }
+  const CollectiveDiagnosis& collectives() const { return collectives_; }
 
  private:
   std::vector<RankFailure> ranks_;
   std::filesystem::path run_dir_;
+  CollectiveDiagnosis collectives_;
 };
 
 class TimeoutError : public DistributedError {
+ public:
+  using DistributedError::DistributedError;
+};
+
+class HangError : public DistributedError {
  public:
   using DistributedError::DistributedError;
 };

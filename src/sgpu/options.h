@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -21,6 +22,9 @@ namespace sgpu {
 using Timeout = std::optional<std::chrono::milliseconds>;
 inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
+// How long a collective may stay in flight on a rank before the call is judged hung
+// (README "When a call hangs" says why 10 minutes).
+inline constexpr std::chrono::milliseconds kDefaultHangTimeout = std::chrono::minutes(10);
 
 // A timeout as a command line gives it: "none", or seconds (fractions allowed). Throws
 // std::invalid_argument for anything else, std::out_of_range for what is no number of
@@ -42,19 +46,25 @@ inline Timeout parse_timeout(const std::string& text) {
 enum class StartMethod { kAuto, kForkServer, kExec };
 
 struct Options {
-  int gpus = 1;                       // ranks to start, one per GPU
-  std::string gpu_type;               // e.g. "H100" (case-insensitive); empty: detected
-  Timeout timeout = kDefaultTimeout;  // kNoTimeout for none
-  std::string backend = "auto";       // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
-  std::string sim_node;               // node the sim backend pretends, e.g. "8xH100";
-                                      // empty: SGPU_SIM, else "8xH100"
-  std::string sim_faults;             // fault plan for sim ranks (see sim/faults.h); empty:
-                                      // SGPU_SIM_FAULTS
-  std::string sim_transport;          // sim collectives: "shm" (shared memory) or "gloo";
-                                      // empty: SGPU_SIM_TRANSPORT, else "shm"
-  std::filesystem::path runs_dir;     // where run folders go; empty: SGPU_RUNS_DIR, else
-                                      // $TMPDIR/sgpu-<uid>/runs
-  bool keep_run_dir = false;          // keep the run folder after success too
+  int gpus = 1;                                // ranks to start, one per GPU
+  std::string gpu_type;                        // e.g. "H100" (case-insensitive); empty: detected
+  Timeout timeout = kDefaultTimeout;           // kNoTimeout for none
+  Timeout hang_timeout = kDefaultHangTimeout;  // a collective in flight this long on any rank
+                                               // ends the call with HangError; kNoTimeout:
+                                               // never; SGPU_HANG_TIMEOUT (seconds or none)
+                                               // overrides
+  std::uint32_t recorder_entries = 2000;       // collectives each rank's recorder keeps; 0: none
+                                               // (and no hang diagnosis)
+  std::string backend = "auto";                // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
+  std::string sim_node;                        // node the sim backend pretends, e.g. "8xH100";
+                                               // empty: SGPU_SIM, else "8xH100"
+  std::string sim_faults;          // fault plan for sim ranks (see sim/faults.h); empty:
+                                   // SGPU_SIM_FAULTS
+  std::string sim_transport;       // sim collectives: "shm" (shared memory) or "gloo";
+                                   // empty: SGPU_SIM_TRANSPORT, else "shm"
+  std::filesystem::path runs_dir;  // where run folders go; empty: SGPU_RUNS_DIR, else
+                                   // $TMPDIR/sgpu-<uid>/runs
+  bool keep_run_dir = false;       // keep the run folder after success too
   std::optional<std::vector<int>> console_ranks;  // ranks streamed to the console; unset: all
   std::size_t max_payload_bytes = std::size_t{256} << 20;  // limit on arguments and each result
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL

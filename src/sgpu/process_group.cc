@@ -5,6 +5,7 @@
 
 #include "backend/backend_table.h"
 #include "backend/process_group_factory.h"
+#include "collectives/recorder.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
@@ -29,6 +30,9 @@ c10d::Backend& process_group() {
     request.world_size = env.world_size;
     request.device_index = env.device_index;
     request.timeout = env.group_timeout;
+    contract::RingGroup recorded{"world", env.world_size, env.rank, {}};
+    for (int rank = 0; rank < env.world_size; ++rank) recorded.members.push_back(rank);
+    request.record = collectives::recorder_for(std::move(recorded));
     const backend::Backend& chosen = backend::find_backend(env.backend);
     group = new c10::intrusive_ptr<c10d::Backend>(chosen.process_groups().make(request));
   });

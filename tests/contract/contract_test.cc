@@ -50,12 +50,14 @@ RC_GTEST_PROP(RankEnvironment, WhatTheLauncherSetsIsWhatTheRankReads, ()) {
   written.parent_pid = *rc::gen::inRange(1, 1 << 22);
   written.lifeline_fd = *rc::gen::inRange(3, 10);
   written.group_timeout = std::chrono::milliseconds(*rc::gen::inRange(1, 1 << 30));
+  written.recorder_entries = *rc::gen::inRange(0, 1 << 20);
   const auto variables = written.variables();
   for (const auto& [name, value] : variables) ::setenv(name.c_str(), value.c_str(), 1);
   const RankEnvironment read = sgpu::contract::read_rank_environment();
   for (const auto& [name, value] : variables) ::unsetenv(name.c_str());
   RC_ASSERT(read.variables() == variables);
   RC_ASSERT(read.group_timeout == written.group_timeout);
+  RC_ASSERT(read.recorder_entries == written.recorder_entries);
   RC_ASSERT(read.rank_dir == written.rank_dir);
 }
 

@@ -67,10 +67,69 @@ def test_an_unknown_transport_is_a_config_error_before_anything_starts():
 def test_the_sgpu_backend_outside_a_rank_says_what_to_use():
     import torch.distributed as dist
 
+    from datetime import timedelta
+
     sgpu.register_backend()
-    store = dist.HashStore()
+    options = dist.distributed_c10d._DistributedBackendOptions()
+    options.store = dist.HashStore()
+    options.group_rank = 0
+    options.group_size = 1
+    options.timeout = timedelta(seconds=30)
+    options.group_id = "0"
+    options.global_ranks_in_group = [0]
     with pytest.raises(Exception, match='"gloo"'):
-        dist.Backend._plugins["SGPU"].creator_fn(store, 0, 1, 30)
+        dist.Backend._plugins["SGPU"].creator_fn(options, None)
+
+
+def all_reduces(steps, pair_hang_rank):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    t = torch.ones(1024)
+    for _ in range(steps):
+        dist.all_reduce(t)
+    pair = dist.new_group([1, 2])
+    if dist.get_rank() in (1, 2):
+        if dist.get_rank() == pair_hang_rank:
+            time.sleep(600)  # never reaches the pair's collective
+        dist.all_reduce(t, group=pair)
+    return dist.get_rank()
+
+
+@pytest.mark.parametrize("rank, k", [(0, 1), (2, 3)])
+@TRANSPORTS
+def test_a_hang_in_a_python_rank_names_the_rank_and_the_collective(rank, k, transport):
+    fn = distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5,
+                     sim_faults=f"rank={rank}:hang@collective={k}",
+                     sim_transport=transport)(all_reduces)
+    with pytest.raises(sgpu.HangError) as caught:
+        fn.distributed(4, -1)
+    verdict = caught.value.collectives.verdict
+    assert caught.value.collectives.culprits == (rank,), str(caught.value)
+    assert verdict.startswith(f"rank {rank} never entered collective #{k} "
+                              "(all_reduce of 1024 float32 (sum))"), verdict
+    assert f"hung: {verdict}" in str(caught.value)
+
+
+@TRANSPORTS
+def test_a_hang_in_a_subgroup_names_the_group_by_its_ranks(transport):
+    fn = distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5,
+                     sim_transport=transport)(all_reduces)
+    with pytest.raises(sgpu.HangError) as caught:
+        fn.distributed(2, 1)
+    diagnosis = caught.value.collectives
+    assert diagnosis.culprits == (1,), str(caught.value)
+    assert diagnosis.verdict.startswith(
+        "rank 1 never entered collective #1 of process group ranks 1,2"), diagnosis.verdict
+    assert "[ranks 1,2] #1 all_reduce" in diagnosis.table, diagnosis.table
+
+
+def test_a_bad_hang_timeout_is_a_config_error():
+    with pytest.raises(sgpu.ConfigError, match="hang_timeout=None"):
+        distributed(gpus=2, hang_timeout=0)(all_reduces).distributed(1, -1)
 
 
 def train_ddp(steps, fsdp):

@@ -153,7 +153,7 @@ class NcclGroups final : public backend::ProcessGroupFactory {
       const backend::ProcessGroupRequest& request) const override {
     c10::intrusive_ptr<c10d::Backend> group;
     runtime_module().make_process_group(&request, &group);
-    return group;
+    return request.record ? request.record(std::move(group)) : group;
   }
 };
 

@@ -1,0 +1,162 @@
+#include "collectives/recorder.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+
+#include "collectives/interposer.h"
+#include "contract/rank_env.h"
+#include "contract/run_folder.h"
+
+namespace sgpu::collectives {
+namespace {
+
+using contract::CollectiveRing;
+using contract::EntryState;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+EntryState state_of(c10d::Work& work) {
+  return work.exception() ? EntryState::kFailed : EntryState::kCompleted;
+}
+
+// A transfer's Work, whose end the ring learns when the rank waits for it or finds it
+// complete (a transfer's future, where the transport has one, may wait for it).
+class RecordedWork final : public c10d::Work {
+ public:
+  RecordedWork(c10::intrusive_ptr<c10d::Work> inner, CollectiveRing* ring, std::uint64_t serial)
+      : c10d::Work(-1, c10d::OpType::UNKNOWN),
+        inner_(std::move(inner)),
+        ring_(ring),
+        serial_(serial) {}
+
+  bool isCompleted() override {
+    const bool done = inner_->isCompleted();
+    if (done) settle(state_of(*inner_));
+    return done;
+  }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    try {
+      const bool done = inner_->wait(timeout);
+      if (done) settle(EntryState::kCompleted);
+      return done;
+    } catch (...) {
+      settle(EntryState::kFailed);
+      throw;
+    }
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+
+ private:
+  void settle(EntryState state) {
+    if (!settled_.exchange(true)) ring_->end(serial_, state);
+  }
+
+  c10::intrusive_ptr<c10d::Work> inner_;
+  CollectiveRing* ring_;
+  std::uint64_t serial_;
+  std::atomic<bool> settled_{false};
+};
+
+class RecordingBackend final : public InterposingBackend {
+ public:
+  RecordingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveRing* ring,
+                   std::uint32_t group)
+      : InterposingBackend(std::move(inner)), ring_(ring), group_(group) {}
+
+ protected:
+  c10::intrusive_ptr<c10d::Work> around(const OpCall& call, Run run) override {
+    const bool transfer = contract::is_point_to_point(call.op);
+    contract::CollectiveEntry entry;
+    entry.group = group_;
+    entry.seq = transfer ? ++transfers_ : ++collectives_;
+    entry.op = call.op;
+    entry.dtype = call.dtype;
+    entry.reduce_op = call.reduce_op;
+    entry.peer = call.peer;
+    entry.numel_in = call.numel_in;
+    entry.numel_out = call.numel_out;
+    entry.bytes = call.bytes;
+    entry.entered_ns = now_ns();
+    const std::uint64_t serial = ring_->begin(entry);
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = run();
+    } catch (...) {
+      ring_->end(serial, EntryState::kFailed);
+      throw;
+    }
+    if (!work) {
+      ring_->end(serial, EntryState::kCompleted);
+    } else if (work->isCompleted()) {
+      ring_->end(serial, state_of(*work));
+    } else if (!transfer) {
+      // A collective's future completes with it, on the transport's side; a Work without
+      // a future (some of Gloo's) is watched like a transfer's.
+      c10::intrusive_ptr<c10::ivalue::Future> future;
+      try {
+        future = work->getFuture();
+      } catch (const c10::Error&) {
+      }
+      if (!future) return c10::make_intrusive<RecordedWork>(std::move(work), ring_, serial);
+      CollectiveRing* ring = ring_;
+      future->addCallback([ring, serial](c10::ivalue::Future& done) {
+        ring->end(serial, done.hasError() ? EntryState::kFailed : EntryState::kCompleted);
+      });
+    } else {
+      return c10::make_intrusive<RecordedWork>(std::move(work), ring_, serial);
+    }
+    return work;
+  }
+
+ private:
+  CollectiveRing* ring_;
+  std::uint32_t group_;
+  // Counted by the thread that calls the group, as c10d's sequence numbers are.
+  std::atomic<std::uint64_t> collectives_{0};
+  std::atomic<std::uint64_t> transfers_{0};
+};
+
+}  // namespace
+
+CollectiveRing* rank_ring() {
+  static CollectiveRing* ring = []() -> CollectiveRing* {
+    const contract::RankEnvironment env = contract::read_rank_environment();
+    const long long entries = env.recorder_entries;
+    if (entries <= 0 || env.rank_dir.empty()) return nullptr;
+    const auto capacity = static_cast<std::uint32_t>(std::min<long long>(entries, 1 << 24));
+    // Lives to the rank's end: the caller reads the file, the rank only writes it.
+    return CollectiveRing::create(contract::RankFolder{env.rank_dir}.collective_ring(), capacity,
+                                  env.rank, env.world_size)
+        .release();
+  }();
+  return ring;
+}
+
+c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Backend> transport,
+                                                     CollectiveRing* ring,
+                                                     const contract::RingGroup& group) {
+  if (ring == nullptr) return transport;
+  const std::uint32_t index = ring->add_group(group);
+  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index);
+}
+
+backend::RecordHook recorder_for(contract::RingGroup group) {
+  return [group = std::move(group)](c10::intrusive_ptr<c10d::Backend> transport) {
+    return record_collectives(std::move(transport), rank_ring(), group);
+  };
+}
+
+}  // namespace sgpu::collectives

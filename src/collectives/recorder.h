@@ -1,0 +1,27 @@
+// The collective recorder (NOTE [The collective ring]): every process group sgpu hands out
+// records what reaches its transport in the rank's ring, which the caller reads to say
+// why a call hangs. The launcher sizes the ring (RankEnvironment::recorder_entries, from
+// Options::recorder_entries; 0: nothing is recorded).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "backend/process_group_factory.h"
+#include "contract/collective_ring.h"
+
+namespace sgpu::collectives {
+
+// This rank's ring, created in its rank folder on first use; nullptr outside a rank, or
+// when recording is off.
+contract::CollectiveRing* rank_ring();
+
+// `transport` with every operation recorded in `ring` under `group`; `transport` itself
+// when `ring` is null.
+c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Backend> transport,
+                                                     contract::CollectiveRing* ring,
+                                                     const contract::RingGroup& group);
+
+// ProcessGroupRequest::record for a group: records into rank_ring().
+backend::RecordHook recorder_for(contract::RingGroup group);
+
+}  // namespace sgpu::collectives

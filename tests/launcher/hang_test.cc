@@ -1,0 +1,227 @@
+// Calls that hang, on simulated ranks: a rank that hangs before a collective, one that
+// skips one, one that gives another size. The caller's verdict names that rank and that
+// collective, from the ranks' collective rings; a call whose collectives keep completing
+// is never judged hung; a timeout carries the same verdict.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "sgpu/process_group.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+constexpr int kCount = 1024;
+
+void all_reduce(at::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  sgpu::process_group().allreduce(v)->wait();
+}
+
+// `steps` all-reduces; a hang comes from the fault plan.
+int all_reduces(int steps) {
+  at::Tensor t = at::ones({kCount});
+  for (int i = 0; i < steps; ++i) all_reduce(t);
+  return sgpu::global_rank();
+}
+
+// All-reduce and broadcast by turns, six collectives; `skipper` leaves out its `skipped`-th.
+int skips(int skipper, int skipped) {
+  at::Tensor t = at::ones({kCount});
+  for (int i = 1; i <= 6; ++i) {
+    if (sgpu::global_rank() == skipper && i == skipped) continue;
+    if (i % 2 == 1) {
+      all_reduce(t);
+    } else {
+      std::vector<at::Tensor> v{t};
+      sgpu::process_group().broadcast(v, c10d::BroadcastOptions{})->wait();
+    }
+  }
+  return sgpu::global_rank();
+}
+
+// Four all-gathers of kCount floats; `odd` gives `odd_count` at its `at`-th.
+int gathers(int odd, int at, int odd_count) {
+  const int world = sgpu::world_size();
+  for (int i = 1; i <= 4; ++i) {
+    const int count = sgpu::global_rank() == odd && i == at ? odd_count : kCount;
+    std::vector<at::Tensor> in{at::ones({count})};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < world; ++r) out[0].push_back(at::empty({count}));
+    sgpu::process_group().allgather(out, in)->wait();
+  }
+  return sgpu::global_rank();
+}
+
+// Collectives that keep completing for about `millis`, one every 50 ms (counted, so that
+// every rank makes as many).
+int steady(int millis) {
+  at::Tensor t = at::ones({kCount});
+  for (int i = 0; i < millis / 50; ++i) {
+    all_reduce(t);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return sgpu::global_rank();
+}
+
+// One all-reduce, then every rank sleeps outside any collective.
+int sleeps_after_one(int millis) {
+  at::Tensor t = at::ones({kCount});
+  all_reduce(t);
+  std::this_thread::sleep_for(std::chrono::milliseconds(millis));
+  return sgpu::global_rank();
+}
+
+sgpu::Options options(int gpus) {
+  sgpu::Options o;
+  o.gpus = gpus;
+  o.backend = "sim";
+  o.timeout = std::chrono::seconds(60);
+  o.hang_timeout = std::chrono::milliseconds(1500);
+  o.console_ranks = std::vector<int>{};
+  o.tracking = false;
+  return o;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs the call; returns the DistributedError it must end with.
+template <class E = sgpu::DistributedError, class F, class... Args>
+E failure_of(F* fn, const sgpu::Options& o, Args... args) {
+  try {
+    sgpu::distributed(fn, o).distributed(args...);
+  } catch (const E& e) {
+    return e;
+  }
+  throw std::logic_error("the call did not fail as expected");
+}
+
+RC_GTEST_PROP(Hang, AHangBeforeACollectiveNamesThatRankAndCollective, ()) {
+  const int gpus = *rc::gen::inRange(2, 9);
+  const int rank = *rc::gen::inRange(0, gpus);
+  const int k = *rc::gen::inRange(1, 5);
+  sgpu::Options o = options(gpus);
+  o.sim_faults = "rank=" + std::to_string(rank) + ":hang@collective=" + std::to_string(k);
+  const auto e = failure_of<sgpu::HangError>(all_reduces, o, 5);
+  RC_ASSERT(e.collectives().culprits == std::vector<int>{rank});
+  const std::string verdict = "rank " + std::to_string(rank) + " never entered collective #" +
+                              std::to_string(k) + " (all_reduce of 1024 float32 (sum))";
+  RC_ASSERT(e.collectives().verdict.rfind(verdict, 0) == 0);
+  RC_ASSERT(std::string(e.what()).find(" hung: " + verdict) != std::string::npos);
+  if (k > 1) {
+    RC_ASSERT(e.collectives().verdict.find("last collective there was #" + std::to_string(k - 1)) !=
+              std::string::npos);
+  }
+  const std::string report = read_file(e.run_dir() / "collectives.txt");
+  RC_ASSERT(report.rfind(verdict, 0) == 0);
+  std::filesystem::remove_all(e.run_dir());
+}
+
+RC_GTEST_PROP(Hang, ARankThatSkipsACollectiveIsNamedAtIt, ()) {
+  const int gpus = *rc::gen::inRange(2, 9);
+  const int rank = *rc::gen::inRange(0, gpus);
+  const int k = *rc::gen::inRange(1, 6);
+  const auto e = failure_of(skips, options(gpus), rank, k);
+  // Its k-th collective is the other op: the ranks disagree at #k (the shared-memory
+  // transport fails them there; over Gloo they wait until the watchdog judges it).
+  RC_ASSERT(e.collectives().culprits == std::vector<int>{rank} ||
+            (gpus == 2 && e.collectives().culprits.size() == 1));
+  RC_ASSERT(e.collectives().verdict.find("collective #" + std::to_string(k)) != std::string::npos);
+  std::filesystem::remove_all(e.run_dir());
+}
+
+RC_GTEST_PROP(Hang, ARankThatGivesAnotherSizeIsNamedWithBothSizes, ()) {
+  const int gpus = *rc::gen::inRange(3, 9);  // with two, neither size is "the others'"
+  const int rank = *rc::gen::inRange(0, gpus);
+  const int k = *rc::gen::inRange(1, 5);
+  const auto e = failure_of(gathers, options(gpus), rank, k, kCount + 1);
+  RC_ASSERT(e.collectives().culprits == std::vector<int>{rank});
+  const std::string& verdict = e.collectives().verdict;
+  RC_ASSERT(verdict.find("collective #" + std::to_string(k)) != std::string::npos);
+  RC_ASSERT(verdict.find("rank " + std::to_string(rank) + " called all_gather of 1025 float32") !=
+            std::string::npos);
+  RC_ASSERT(verdict.find("all_gather of 1024 float32") != std::string::npos);
+  std::filesystem::remove_all(e.run_dir());
+}
+
+TEST(Hang, ACallWhoseCollectivesKeepCompletingIsNeverJudgedHung) {
+  // Three times the hang timeout, in collectives 50 ms apart (the timeout leaves room for
+  // ranks that start late on a loaded machine: the first collective waits for them).
+  sgpu::Options o = options(4);
+  o.hang_timeout = std::chrono::seconds(2);
+  try {
+    EXPECT_EQ(sgpu::distributed(steady, o).distributed(6000), (std::vector<int>{0, 1, 2, 3}));
+  } catch (const sgpu::DistributedError& e) {
+    ADD_FAILURE() << e.what();
+  }
+}
+
+TEST(Hang, ATimeoutCarriesTheVerdict) {
+  sgpu::Options o = options(3);
+  o.hang_timeout = sgpu::kNoTimeout;
+  o.timeout = std::chrono::seconds(3);
+  o.sim_faults = "rank=1:hang@collective=2";
+  const auto e = failure_of<sgpu::TimeoutError>(all_reduces, o, 4);
+  EXPECT_EQ(e.collectives().culprits, std::vector<int>{1});
+  EXPECT_NE(std::string(e.what()).find("rank 1 never entered collective #2"), std::string::npos)
+      << e.what();
+}
+
+TEST(Hang, ATimeoutWithEveryRankOutsideACollectiveSaysSo) {
+  sgpu::Options o = options(2);
+  o.timeout = std::chrono::seconds(2);
+  const auto e = failure_of<sgpu::TimeoutError>(sleeps_after_one, o, 60'000);
+  EXPECT_TRUE(e.collectives().culprits.empty());
+  EXPECT_NE(e.collectives().verdict.find("no rank is in a collective"), std::string::npos)
+      << e.what();
+  EXPECT_NE(e.collectives().table.find("#1 all_reduce of 1024 float32 (sum), completed"),
+            std::string::npos)
+      << e.collectives().table;
+}
+
+TEST(Hang, ACrashedRanksPeersWaitingInACollectiveAreExplained) {
+  sgpu::Options o = options(3);
+  o.sim_faults = "rank=2:exit=7@collective=3";
+  const auto e = failure_of(all_reduces, o, 5);
+  ASSERT_NE(e.root_cause(), nullptr);
+  EXPECT_EQ(e.root_cause()->rank, 2);
+  EXPECT_EQ(e.collectives().culprits, std::vector<int>{2}) << e.what();
+  EXPECT_NE(e.collectives().verdict.find("rank 2 never entered collective #3"), std::string::npos)
+      << e.what();
+}
+
+TEST(Hang, RecordingOffMeansNoVerdict) {
+  sgpu::Options o = options(2);
+  o.recorder_entries = 0;
+  o.timeout = std::chrono::seconds(2);
+  o.sim_faults = "rank=0:hang@collective=1";
+  const auto e = failure_of<sgpu::TimeoutError>(all_reduces, o, 2);
+  EXPECT_TRUE(e.collectives().verdict.empty());
+  EXPECT_FALSE(std::filesystem::exists(e.run_dir() / "rank-0" / "collectives.ring"));
+}
+
+TEST(Hang, ABadHangTimeoutIsAConfigError) {
+  sgpu::Options o = options(2);
+  o.hang_timeout = std::chrono::milliseconds(0);
+  EXPECT_THROW(sgpu::distributed(all_reduces, o).distributed(1), sgpu::ConfigError);
+  ::setenv("SGPU_HANG_TIMEOUT", "soon", 1);
+  try {
+    sgpu::distributed(all_reduces, options(2)).distributed(1);
+    ADD_FAILURE() << "SGPU_HANG_TIMEOUT=soon was taken";
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("SGPU_HANG_TIMEOUT=soon"), std::string::npos);
+  }
+  ::unsetenv("SGPU_HANG_TIMEOUT");
+}
+
+}  // namespace
