@@ -98,7 +98,12 @@ int log_through_outage(int count) {
 }
 
 int log_before_and_after(int pause_ms) {
-  for (int step = 0; step < 3; ++step) sgpu::log_metric("early", step, step);
+  // Every rank's points differ in value: MLflow's SQL stores keep one of two points equal
+  // in key, value, step and timestamp, so equal points from two ranks logged in the same
+  // millisecond would arrive as one.
+  for (int step = 0; step < 3; ++step) {
+    sgpu::log_metric("early", rank_value(sgpu::global_rank(), step), step);
+  }
   sgpu::flush_tracking();
   std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   for (int step = 0; step < 3; ++step) sgpu::log_metric("late", sgpu::global_rank(), step);
