@@ -28,6 +28,7 @@
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "contract/stack_dump.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
 #include "launcher/rank_main.h"
@@ -147,6 +148,8 @@ void translate(std::exception_ptr pending) {
     collectives["verdict"] = e.collectives().verdict;
     collectives["culprits"] = e.collectives().culprits;
     collectives["table"] = e.collectives().table;
+    collectives["culprit_stack"] = e.collectives().culprit_stack;
+    collectives["stacks"] = e.collectives().stacks.string();
     raise_as_python(kind, e.what(), rows, e.run_dir().string(), collectives);
   } catch (const ConfigError& e) {
     raise_as_python("config", e.what());
@@ -353,7 +356,8 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
       recorded.name += (i == 0 ? " " : ",") + std::to_string(recorded.members[i]);
     }
   }
-  request.record = collectives::recorder_for(std::move(recorded));
+  request.record =
+      collectives::recorder_for(std::move(recorded), collectives::completion_for(env.backend));
   py::gil_scoped_release release;
   return backend::find_backend(env.backend).process_groups().make(request);
 }
@@ -385,6 +389,7 @@ PYBIND11_MODULE(_native, m) {
   });
 
   m.def("enter_rank", &sgpu::launcher::enter_worker_rank);
+  m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("end_rank", [](int code) {
     py::gil_scoped_release release;
     sgpu::launcher::end_worker_rank(code);

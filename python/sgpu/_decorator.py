@@ -166,7 +166,7 @@ def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> Ba
         message = str(error)
         if remote.rstrip() not in root.stderr_tail:
             message += f"\n\nrank {root.rank}'s traceback:\n{remote.rstrip()}"
-        error = type(error)(message, rows, error.run_dir)
+        error = type(error)(message, rows, error.run_dir, error.collectives)
     try:
         pickled = _native.read_exception(rank_dir, max_bytes)
         original = pickle.loads(pickled) if pickled is not None else None

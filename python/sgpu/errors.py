@@ -64,11 +64,13 @@ class RankFailure:
 class CollectiveDiagnosis:
     """What the ranks' collective recorders say of a call that hung, timed out or failed
     in a collective: the verdict (empty when they say nothing), the ranks it names as the
-    cause, and each rank's last collectives."""
+    cause, each rank's last collectives, and the stacks taken then."""
 
     verdict: str = ""
     culprits: tuple = ()
     table: str = ""
+    culprit_stack: str = ""  # the first culprit's main thread (and Python threads)
+    stacks: str = ""  # the file with every live rank's stacks, or ""
 
 
 class DistributedError(Error):
@@ -136,6 +138,8 @@ def _from_native(
             verdict=(collectives or {}).get("verdict", ""),
             culprits=tuple((collectives or {}).get("culprits", ())),
             table=(collectives or {}).get("table", ""),
+            culprit_stack=(collectives or {}).get("culprit_stack", ""),
+            stacks=(collectives or {}).get("stacks", ""),
         )
         return _DISTRIBUTED[kind](
             message, [RankFailure(**row) for row in rows], run_dir, diagnosis

@@ -2,8 +2,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "collectives/interposer.h"
 #include "contract/rank_env.h"
@@ -25,15 +28,18 @@ EntryState state_of(c10d::Work& work) {
   return work.exception() ? EntryState::kFailed : EntryState::kCompleted;
 }
 
-// A transfer's Work, whose end the ring learns when the rank waits for it or finds it
-// complete (a transfer's future, where the transport has one, may wait for it).
+// A Work whose end the ring learns when the rank waits for it or finds it complete, or
+// from its future: `future` (when the Work has one) completes only after the ring has
+// the end, so a rank that waits on it cannot exit before the entry is ended.
 class RecordedWork final : public c10d::Work {
  public:
-  RecordedWork(c10::intrusive_ptr<c10d::Work> inner, CollectiveRing* ring, std::uint64_t serial)
+  RecordedWork(c10::intrusive_ptr<c10d::Work> inner, CollectiveRing* ring, std::uint64_t serial,
+               c10::intrusive_ptr<c10::ivalue::Future> future)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         inner_(std::move(inner)),
         ring_(ring),
-        serial_(serial) {}
+        serial_(serial),
+        future_(std::move(future)) {}
 
   bool isCompleted() override {
     const bool done = inner_->isCompleted();
@@ -56,7 +62,9 @@ class RecordedWork final : public c10d::Work {
     }
   }
   void abort() override { inner_->abort(); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_ ? future_ : inner_->getFuture();
+  }
   uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
  private:
@@ -67,14 +75,63 @@ class RecordedWork final : public c10d::Work {
   c10::intrusive_ptr<c10d::Work> inner_;
   CollectiveRing* ring_;
   std::uint64_t serial_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> settled_{false};
+};
+
+// Works whose future completes before they do (NCCL's, when the collective is enqueued on
+// the stream): one thread asks each whether it is done (WorkNCCL asks its CUDA events)
+// until it is.
+class CompletionPoller {
+ public:
+  static CompletionPoller& instance() {
+    static auto* poller = new CompletionPoller;  // lives to the rank's end
+    return *poller;
+  }
+
+  void watch(c10::intrusive_ptr<c10d::Work> work, CollectiveRing* ring, std::uint64_t serial) {
+    {
+      std::lock_guard lock(mutex_);
+      watched_.push_back({std::move(work), ring, serial});
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  struct Watched {
+    c10::intrusive_ptr<c10d::Work> work;
+    CollectiveRing* ring;
+    std::uint64_t serial;
+  };
+
+  [[noreturn]] void run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return !watched_.empty(); });
+      for (auto it = watched_.begin(); it != watched_.end();) {
+        if (it->work->isCompleted()) {
+          it->ring->end(it->serial, state_of(*it->work));
+          it = watched_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      wake_.wait_for(lock, std::chrono::milliseconds(2));
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Watched> watched_;
+  std::thread thread_;
 };
 
 class RecordingBackend final : public InterposingBackend {
  public:
   RecordingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveRing* ring,
-                   std::uint32_t group)
-      : InterposingBackend(std::move(inner)), ring_(ring), group_(group) {}
+                   std::uint32_t group, bool poll)
+      : InterposingBackend(std::move(inner)), ring_(ring), group_(group), poll_(poll) {}
 
  protected:
   c10::intrusive_ptr<c10d::Work> around(const OpCall& call, Run run) override {
@@ -102,21 +159,29 @@ class RecordingBackend final : public InterposingBackend {
       ring_->end(serial, EntryState::kCompleted);
     } else if (work->isCompleted()) {
       ring_->end(serial, state_of(*work));
-    } else if (!transfer) {
-      // A collective's future completes with it, on the transport's side; a Work without
-      // a future (some of Gloo's) is watched like a transfer's.
-      c10::intrusive_ptr<c10::ivalue::Future> future;
-      try {
-        future = work->getFuture();
-      } catch (const c10::Error&) {
-      }
-      if (!future) return c10::make_intrusive<RecordedWork>(std::move(work), ring_, serial);
-      CollectiveRing* ring = ring_;
-      future->addCallback([ring, serial](c10::ivalue::Future& done) {
-        ring->end(serial, done.hasError() ? EntryState::kFailed : EntryState::kCompleted);
-      });
+    } else if (poll_) {
+      CompletionPoller::instance().watch(work, ring_, serial);
     } else {
-      return c10::make_intrusive<RecordedWork>(std::move(work), ring_, serial);
+      // A collective's future completes with it, on the transport's side; waiters on it
+      // wake before its callbacks run, so the rank gets a future that follows the one
+      // that ends the entry. A transfer's future may wait for it (shared memory's does):
+      // not asked.
+      c10::intrusive_ptr<c10::ivalue::Future> future;
+      if (!transfer) {
+        try {
+          future = work->getFuture();
+        } catch (const c10::Error&) {  // some of Gloo's Works have none
+        }
+      }
+      if (future) {
+        CollectiveRing* ring = ring_;
+        future->addCallback([ring, serial](c10::ivalue::Future& done) {
+          ring->end(serial, done.hasError() ? EntryState::kFailed : EntryState::kCompleted);
+        });
+        future = future->then([](c10::ivalue::Future& done) { return done.value(); },
+                              future->elementType());
+      }
+      return c10::make_intrusive<RecordedWork>(std::move(work), ring_, serial, std::move(future));
     }
     return work;
   }
@@ -124,6 +189,7 @@ class RecordingBackend final : public InterposingBackend {
  private:
   CollectiveRing* ring_;
   std::uint32_t group_;
+  bool poll_;
   // Counted by the thread that calls the group, as c10d's sequence numbers are.
   std::atomic<std::uint64_t> collectives_{0};
   std::atomic<std::uint64_t> transfers_{0};
@@ -147,16 +213,22 @@ CollectiveRing* rank_ring() {
 
 c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Backend> transport,
                                                      CollectiveRing* ring,
-                                                     const contract::RingGroup& group) {
+                                                     const contract::RingGroup& group,
+                                                     Completion completion) {
   if (ring == nullptr) return transport;
   const std::uint32_t index = ring->add_group(group);
-  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index);
+  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index,
+                                               completion == Completion::kPolled);
 }
 
-backend::RecordHook recorder_for(contract::RingGroup group) {
-  return [group = std::move(group)](c10::intrusive_ptr<c10d::Backend> transport) {
-    return record_collectives(std::move(transport), rank_ring(), group);
+backend::RecordHook recorder_for(contract::RingGroup group, Completion completion) {
+  return [group = std::move(group), completion](c10::intrusive_ptr<c10d::Backend> transport) {
+    return record_collectives(std::move(transport), rank_ring(), group, completion);
   };
+}
+
+Completion completion_for(const std::string& backend) {
+  return backend == "cuda" ? Completion::kPolled : Completion::kFuture;
 }
 
 }  // namespace sgpu::collectives

@@ -4,6 +4,7 @@
 // Options::recorder_entries; 0: nothing is recorded).
 #pragma once
 
+#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/process_group_factory.h"
@@ -15,13 +16,21 @@ namespace sgpu::collectives {
 // when recording is off.
 contract::CollectiveRing* rank_ring();
 
+// How an entry's end is learnt: from the Work's future (Gloo, shared memory: it completes
+// with the collective), or by asking the Work until it says it is done (NCCL, whose
+// future completes once the collective is enqueued on the stream).
+enum class Completion { kFuture, kPolled };
+// The way for a backend's groups ("cuda": polled).
+Completion completion_for(const std::string& backend);
+
 // `transport` with every operation recorded in `ring` under `group`; `transport` itself
 // when `ring` is null.
 c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Backend> transport,
                                                      contract::CollectiveRing* ring,
-                                                     const contract::RingGroup& group);
+                                                     const contract::RingGroup& group,
+                                                     Completion completion);
 
 // ProcessGroupRequest::record for a group: records into rank_ring().
-backend::RecordHook recorder_for(contract::RingGroup group);
+backend::RecordHook recorder_for(contract::RingGroup group, Completion completion);
 
 }  // namespace sgpu::collectives

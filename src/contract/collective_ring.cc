@@ -221,6 +221,11 @@ std::uint64_t CollectiveRing::begin(const CollectiveEntry& entry) {
 void CollectiveRing::end(std::uint64_t serial, EntryState state) {
   EntrySlot& slot = layout_->entries[(serial - 1) % layout_->capacity];
   if (slot.serial.load(std::memory_order_acquire) != serial) return;
+  // The first end counts (a Work's future and its wait may both report it).
+  if (slot.state.load(std::memory_order_acquire) !=
+      static_cast<std::uint8_t>(EntryState::kInFlight)) {
+    return;
+  }
   slot.ended_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count(),

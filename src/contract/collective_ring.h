@@ -110,7 +110,7 @@ class CollectiveRing {
   std::uint32_t add_group(const RingGroup& group);
   // Records an entry in flight (its serial and state are the ring's); returns its serial.
   std::uint64_t begin(const CollectiveEntry& entry);
-  // The entry's end, unless the ring has overwritten it since.
+  // The entry's end, unless it has ended already or the ring has overwritten it since.
   void end(std::uint64_t serial, EntryState state);
 
   static constexpr std::uint32_t kMaxGroups = 64;

@@ -15,6 +15,9 @@
 //   rank-<N>/tracking-spool.jsonl  what the rank's logger could not send (tracking)
 //   rank-<N>/collectives.ring      the rank's recent collectives (NOTE [The collective ring])
 //   collectives.txt                the call's collectives, when it hung or failed in one
+//   stacks.txt                     then every live rank's stacks (NOTE [Stack dumps])
+//   flight-recorder/nccl_trace_rank_<N>  the rings as c10d flight-recorder dumps
+//   rank-<N>/stacks/               the rank's threads' dumps of their own stacks
 //
 // It is kept after a failure, removed after success unless asked to keep it.
 #pragma once
@@ -47,6 +50,9 @@ struct RunFolder {
   std::filesystem::path call() const { return dir / "call.bin"; }
   std::filesystem::path tracking_pending() const { return dir / kTrackingPendingName; }
   std::filesystem::path collectives_report() const { return dir / "collectives.txt"; }
+  std::filesystem::path stacks_report() const { return dir / "stacks.txt"; }
+  // The rings as c10d flight-recorder dumps (launcher/flight_recorder.h).
+  std::filesystem::path flight_recorder() const { return dir / "flight-recorder"; }
   RankFolder rank(int rank) const { return {dir / (kRankPrefix + std::to_string(rank))}; }
   // True for the name of a rank's folder ("rank-3").
   static bool is_rank_folder_name(const std::string& name) {

@@ -27,6 +27,7 @@
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "launcher/failure_table.h"
+#include "launcher/flight_recorder.h"
 #include "launcher/fork_server.h"
 #include "launcher/hang_diagnosis.h"
 #include "launcher/interrupt.h"
@@ -34,6 +35,7 @@
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "launcher/rank_starter.h"
+#include "launcher/stacks.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -61,6 +63,11 @@ using WallClock = std::chrono::system_clock;
 
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
+// How long the ranks' threads have to dump their stacks, and how much of the culprit's
+// the error quotes.
+constexpr auto kStackLimit = std::chrono::milliseconds(1500);
+constexpr std::size_t kQuotedFrames = 24;
+constexpr std::size_t kQuotedWidth = 160;  // characters of a frame
 
 void check_options(const Options& options, bool runs_a_program) {
   if (options.gpus < 1) {
@@ -292,7 +299,8 @@ class CallImpl final : public detail::Call {
     const std::int64_t now =
         std::chrono::duration_cast<std::chrono::nanoseconds>(WallClock::now().time_since_epoch())
             .count();
-    const Diagnosis d = diagnose(rank_views(), now);
+    const std::vector<RankView> views = rank_views();
+    const Diagnosis d = diagnose(views, now);
     collectives_.verdict = d.verdict;
     collectives_.culprits = d.culprits;
     collectives_.table = d.table;
@@ -302,6 +310,44 @@ class CallImpl final : public detail::Call {
       contract::write_file_atomically(contract::RunFolder{run_dir_}.collectives_report(), report);
     } catch (const std::exception&) {
       // The error carries the same text.
+    }
+    try {
+      write_flight_recorder_dumps(views, contract::RunFolder{run_dir_}.flight_recorder());
+    } catch (const std::exception&) {
+      // The rings stay in the run folder.
+    }
+    if (!d.verdict.empty()) take_rank_stacks();
+  }
+
+  // Every live rank's stacks (NOTE [Stack dumps]) into the run folder's stacks.txt, and
+  // the first live culprit's main thread for the error. A program's ranks are not
+  // sgpu's code (their supervisor is), so they have none.
+  void take_rank_stacks() {
+    if (kind_ == CallKind::kProgram) return;
+    std::vector<StackTarget> targets;
+    for (const RankSlot& slot : slots_) {
+      if (slot.pid > 0 && !slot.exit) {
+        targets.push_back({slot.rank, slot.pid, slot.folder.dir, kind_ == CallKind::kWorker});
+      }
+    }
+    if (targets.empty()) return;
+    const std::vector<RankStacks> stacks = take_stacks(targets, kStackLimit);
+    std::string all;
+    for (const RankStacks& rank : stacks) all += format_stacks(rank) + "\n";
+    const std::filesystem::path file = contract::RunFolder{run_dir_}.stacks_report();
+    try {
+      contract::write_file_atomically(file, all);
+      collectives_.stacks = file;
+    } catch (const std::exception&) {
+    }
+    for (int culprit : collectives_.culprits) {
+      for (const RankStacks& rank : stacks) {
+        if (rank.rank != culprit || rank.threads.empty()) continue;
+        RankStacks main_thread = rank;
+        main_thread.threads.resize(1);
+        collectives_.culprit_stack = format_stacks(main_thread, kQuotedFrames, kQuotedWidth);
+        return;
+      }
     }
   }
 
@@ -603,6 +649,19 @@ class CallImpl final : public detail::Call {
     tracking_unsent_ = !tracking_->end(status, run_dir_, kept_for_tracking_only);
   }
 
+  // The culprit's stack as the error quotes it, and where the others are; "" without.
+  std::string stack_text() const {
+    std::string text;
+    if (!collectives_.culprit_stack.empty()) {
+      text += "\nthe stack of " + collectives_.culprit_stack;
+      text.pop_back();
+    }
+    if (!collectives_.stacks.empty()) {
+      text += "\nevery live rank's stacks: " + collectives_.stacks.string();
+    }
+    return text;
+  }
+
   RankFailure row_for(const RankSlot& slot) const {
     RankFailure row;
     row.rank = slot.rank;
@@ -705,18 +764,18 @@ class CallImpl final : public detail::Call {
             std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
             ". Raise " + contract::spell("timeout") + ", or pass " + contract::spell_no_timeout();
         if (!collectives_.verdict.empty()) {
-          headline += "\n" + collectives_.verdict + "\n" + collectives_.table;
+          headline += "\n" + collectives_.verdict + "\n" + collectives_.table + stack_text();
         }
         error = std::make_exception_ptr(
             TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
       } else if (outcome == Outcome::kHung) {
         const std::string headline =
             "sgpu: " + function_label() + " hung: " + collectives_.verdict + "\n" +
-            collectives_.table + "\n(a collective was in flight for " +
+            collectives_.table + stack_text() + "\n(" + contract::spell("hang_timeout") + " is " +
             describe_duration(
                 std::chrono::duration_cast<std::chrono::nanoseconds>(*hang_timeout_).count()) +
-            ", " + contract::spell("hang_timeout") +
-            "; raise it for steps that wait that long, or " + "pass " +
+            ": a collective was in flight that long; raise it for steps that wait longer, or "
+            "pass " +
             contract::spell_none("hang_timeout") + ")";
         error = std::make_exception_ptr(
             HangError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
@@ -736,7 +795,7 @@ class CallImpl final : public detail::Call {
         CollectiveDiagnosis collectives;
         if (!collectives_.verdict.empty() && !collectives_.culprits.empty()) {
           collectives = collectives_;
-          text += "\n" + collectives.verdict + "\n" + collectives.table;
+          text += "\n" + collectives.verdict + "\n" + collectives.table + stack_text();
         }
         error = std::make_exception_ptr(DistributedError(format_failure(text, rows, run_dir_), rows,
                                                          run_dir_, std::move(collectives)));

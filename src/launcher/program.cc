@@ -1,12 +1,7 @@
 #include "launcher/program.h"
 
-#include <cxxabi.h>
 #include <dlfcn.h>
-#include <elf.h>
-#include <fcntl.h>
 #include <link.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "launcher/symbols.h"
 #include "sgpu/internal/call.h"
 
 namespace sgpu::launcher {
@@ -65,56 +61,6 @@ int visit_module(dl_phdr_info* info, std::size_t, void* data) {
   return 0;
 }
 
-// The name of the function whose code covers `offset` in the ELF file's own symbol table
-// (.symtab), which holds what the dynamic one lacks: static functions and those in
-// anonymous namespaces. "" when the file has none (stripped) or nothing covers it.
-std::string symtab_name(const std::string& file, std::uint64_t offset) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st {};
-  void* map = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && st.st_size > static_cast<off_t>(sizeof(ElfW(Ehdr)))) {
-    map = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  }
-  ::close(fd);
-  if (map == MAP_FAILED) return "";
-  const auto* bytes = static_cast<const unsigned char*>(map);
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  std::string name;
-  const auto* header = reinterpret_cast<const ElfW(Ehdr)*>(bytes);
-  const bool elf = std::memcmp(header->e_ident, ELFMAG, SELFMAG) == 0 &&
-                   header->e_ident[EI_CLASS] == (sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32) &&
-                   header->e_shoff + std::uint64_t{header->e_shnum} * sizeof(ElfW(Shdr)) <= size;
-  const auto* sections =
-      elf ? reinterpret_cast<const ElfW(Shdr)*>(bytes + header->e_shoff) : nullptr;
-  for (int i = 0; elf && i < header->e_shnum && name.empty(); ++i) {
-    const ElfW(Shdr)& symtab = sections[i];
-    if (symtab.sh_type != SHT_SYMTAB || symtab.sh_link >= header->e_shnum) continue;
-    const ElfW(Shdr)& strtab = sections[symtab.sh_link];
-    if (symtab.sh_offset + symtab.sh_size > size || strtab.sh_offset + strtab.sh_size > size) break;
-    const auto* symbols = reinterpret_cast<const ElfW(Sym)*>(bytes + symtab.sh_offset);
-    for (std::uint64_t k = 0; k < symtab.sh_size / sizeof(ElfW(Sym)); ++k) {
-      const ElfW(Sym)& sym = symbols[k];
-      if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_name >= strtab.sh_size) continue;
-      if (offset >= sym.st_value &&
-          offset < sym.st_value + std::max<std::uint64_t>(sym.st_size, 1)) {
-        const char* text = reinterpret_cast<const char*>(bytes + strtab.sh_offset + sym.st_name);
-        name.assign(text, strnlen(text, strtab.sh_size - sym.st_name));
-        break;
-      }
-    }
-  }
-  ::munmap(map, static_cast<std::size_t>(st.st_size));
-  return name;
-}
-
-std::string demangled(const char* symbol) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> text(
-      abi::__cxa_demangle(symbol, nullptr, nullptr, &status), std::free);
-  return status == 0 && text ? text.get() : symbol;
-}
-
 }  // namespace
 
 void set_program_args(int argc, char** argv) {
@@ -152,7 +98,7 @@ void* resolve_code(const serialize::CodeAddress& address) {
 
 std::string code_name(const void* address) {
   Dl_info info{};
-  if (dladdr(address, &info) != 0 && info.dli_sname != nullptr) return demangled(info.dli_sname);
+  if (dladdr(address, &info) != 0 && info.dli_sname != nullptr) return demangle(info.dli_sname);
   // The symbol table is read once per function: a sweep launches the same one many times.
   static std::mutex mutex;
   static std::map<const void*, std::string> names;
@@ -160,8 +106,9 @@ std::string code_name(const void* address) {
   if (const auto it = names.find(address); it != names.end()) return it->second;
   const serialize::CodeAddress where = locate_code(address);
   const std::string symbol =
-      symtab_name(where.module.empty() ? "/proc/self/exe" : where.module, where.offset);
-  return names[address] = symbol.empty() ? "" : demangled(symbol.c_str());
+      SymbolTable::load(where.module.empty() ? "/proc/self/exe" : where.module)
+          ->name_at(where.offset);
+  return names[address] = symbol.empty() ? "" : demangle(symbol);
 }
 
 std::string plain_name(const std::string& name) {

@@ -25,6 +25,7 @@
 #include "backend/backend_table.h"
 #include "contract/abrupt_end.h"
 #include "contract/run_folder.h"
+#include "contract/stack_dump.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
@@ -126,6 +127,7 @@ void install_guards() {
   // Hold the first backtrace() call's library load out of the signal handler.
   void* warm[1];
   ::backtrace(warm, 1);
+  contract::arm_stack_dump(env.rank_dir);  // NOTE [Stack dumps]
 }
 
 // A rank ends once its record is written: output flushed, then _exit, as Python's

@@ -32,7 +32,8 @@ c10d::Backend& process_group() {
     request.timeout = env.group_timeout;
     contract::RingGroup recorded{"world", env.world_size, env.rank, {}};
     for (int rank = 0; rank < env.world_size; ++rank) recorded.members.push_back(rank);
-    request.record = collectives::recorder_for(std::move(recorded));
+    request.record =
+        collectives::recorder_for(std::move(recorded), collectives::completion_for(env.backend));
     const backend::Backend& chosen = backend::find_backend(env.backend);
     group = new c10::intrusive_ptr<c10d::Backend>(chosen.process_groups().make(request));
   });

@@ -1,6 +1,8 @@
 """torch.distributed over the "sgpu" backend in Python ranks: collectives, the fault plan's
 collective faults, and PyTorch's own DDP and FSDP, over both simulated transports."""
 
+import os
+
 import pytest
 
 import sgpu
@@ -125,6 +127,9 @@ def test_a_hang_in_a_subgroup_names_the_group_by_its_ranks(transport):
     assert diagnosis.verdict.startswith(
         "rank 1 never entered collective #1 of process group ranks 1,2"), diagnosis.verdict
     assert "[ranks 1,2] #1 all_reduce" in diagnosis.table, diagnosis.table
+    # Rank 1's Python stack shows where it is held.
+    assert "in all_reduces" in diagnosis.culprit_stack, diagnosis.culprit_stack
+    assert os.path.isfile(diagnosis.stacks)
 
 
 def test_a_bad_hang_timeout_is_a_config_error():
@@ -177,3 +182,61 @@ def test_pytorch_ddp_and_fsdp_end_with_equal_parameters_on_every_rank(fsdp, tran
     initial = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     start = torch.cat([v.flatten() for _, v in sorted(initial.state_dict().items())]).tolist()
     assert results[0] != start
+
+
+def _flight_recorder_verdicts(folder):
+    """torch's own flight-recorder analyzer over the dumps sgpu wrote: its collectives,
+    with the ranks it finds missing or mismatched (ranks read in rank order)."""
+    import logging
+
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+    from torch.distributed.flight_recorder.components.loader import read_dir
+
+    logging.getLogger("Flight Recorder").setLevel(logging.WARNING)
+    args = JobConfig().parse_args([folder])
+    details, version = read_dir(args)
+    details = dict(sorted(details.items(), key=lambda kv: kv[1]["rank"]))
+    return build_db(details, args, version).collectives
+
+
+def odd_size_at(rank, step):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    for i in range(1, 4):
+        size = 1025 if (dist.get_rank() == rank and i == step) else 1024
+        dist.all_reduce(torch.ones(size))
+    return dist.get_rank()
+
+
+@TRANSPORTS
+def test_torchs_flight_recorder_analyzer_finds_the_same_missing_rank(transport):
+    fn = distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5,
+                     sim_faults="rank=1:hang@collective=3", sim_transport=transport)(all_reduces)
+    with pytest.raises(sgpu.HangError) as caught:
+        fn.distributed(4, -1)
+    assert caught.value.collectives.culprits == (1,)
+    folder = os.path.join(caught.value.run_dir, "flight-recorder")
+    assert sorted(os.listdir(folder)) == [f"nccl_trace_rank_{r}" for r in range(3)]
+    collectives = _flight_recorder_verdicts(folder)
+    missing = [c for c in collectives if c.missing_ranks]
+    assert [(c.collective_seq_id, c.missing_ranks) for c in missing] == [(3, {1})]
+    assert all(c.pass_check for c in collectives)
+
+
+@TRANSPORTS
+def test_torchs_flight_recorder_analyzer_finds_the_same_odd_size(transport):
+    fn = distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5,
+                     sim_transport=transport)(odd_size_at)
+    with pytest.raises(Exception) as caught:
+        fn.distributed(2, 2)
+    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    assert error.collectives.culprits == (2,), str(error)
+    assert "rank 2 called all_reduce of 1025 float32" in error.collectives.verdict
+    collectives = _flight_recorder_verdicts(os.path.join(error.run_dir, "flight-recorder"))
+    odd = [c for c in collectives if not c.pass_check]
+    assert [c.collective_seq_id for c in odd] == [2]
+    assert set(odd[0].mismatch_collectives) == {2}
+    assert "[[1025]]" in str(odd[0].mismatch_collectives[2].type_of_mismatch)
