@@ -15,6 +15,9 @@
 // and the floor is ProcessGroupGloo, `<op>/float32/<bytes>/openmpi` rows time the same
 // sweep through Open MPI (collectives/mpi_sweep.c under mpirun, btl self,vader,
 // mpi_yield_when_idle 1), and the sgpu rows get vs_openmpi = Open MPI time / sgpu time. With
+// --recorder both, each size also has a `/sgpu_unrecorded` row (the collective recorder
+// off), and the sgpu rows get vs_unrecorded = that time / sgpu time and recorder_us, the
+// difference per collective. With
 // --benchmark_repetitions=K each repetition is a fresh sweep pair. A nccl-tests-like
 // table follows (medians over repetitions). Exit status 1 when a result was wrong or a
 // sweep failed; 2 for bad flags.
@@ -66,8 +69,9 @@ struct Config {
   int iters = 20;
   bool no_floor = false;
   std::string table_path;
-  std::string transport;     // sim: "shm" or "gloo"; empty: SGPU_SIM_TRANSPORT, else shm
-  std::string mpi = "auto";  // the Open MPI reference rows: auto (sim, when built), on, off
+  std::string transport;        // sim: "shm" or "gloo"; empty: SGPU_SIM_TRANSPORT, else shm
+  std::string mpi = "auto";     // the Open MPI reference rows: auto (sim, when built), on, off
+  std::string recorder = "on";  // the collective recorder: on, off, or both (rows of each)
 };
 
 // "8", "4K", "64M", "1G" (binary units, as nccl-tests reads -b and -e).
@@ -86,6 +90,7 @@ std::int64_t parse_bytes(const std::string& text) {
 // One measurement of an (operation, data type): the floor's and sgpu's per-rank results.
 struct Measured {
   std::vector<sgpu::bench::SweepResult> sgpu, floor;  // [rank][size]
+  std::vector<sgpu::bench::SweepResult> unrecorded;   // sgpu with the recorder off
   std::vector<double> mpi;                            // [size]: Open MPI's slowest rank
   std::string error;                                  // set when a sweep failed
 };
@@ -177,6 +182,7 @@ class CollectiveBench {
         for (std::size_t i = 0; i < spec.sizes.size(); ++i) {
           if (!config_.no_floor) add(spec, i, Who::kFloor);
           if (with_mpi(spec)) add(spec, i, Who::kMpi);
+          if (config_.recorder == "both") add(spec, i, Who::kUnrecorded);
           add(spec, i, Who::kSgpu);
         }
         if (op == Collective::kBarrier) break;  // no data type
@@ -247,7 +253,7 @@ class CollectiveBench {
 
  private:
   using Key = std::pair<Collective, c10::ScalarType>;
-  enum class Who { kFloor, kMpi, kSgpu };
+  enum class Who { kFloor, kMpi, kUnrecorded, kSgpu };
 
   // Open MPI rows: on sim, float32 (MPI has no bfloat16), when the reference was built.
   bool with_mpi(const sgpu::bench::SweepSpec& spec) const {
@@ -274,7 +280,19 @@ class CollectiveBench {
                                            options_.timeout.value_or(std::chrono::hours(24)));
         }
         if (with_mpi(spec)) m.mpi = run_mpi(spec, ranks_);
+        // With the recorder both on and off, the two calls take turns going first, so
+        // neither gains from running second.
+        sgpu::Options unrecorded = options_;
+        unrecorded.recorder_entries = 0;
+        const bool both = config_.recorder == "both";
+        const bool unrecorded_first = both && runs.size() % 2 == 0;
+        if (unrecorded_first) {
+          m.unrecorded = sgpu::distributed(collective_sweep, unrecorded).distributed(spec);
+        }
         m.sgpu = sgpu::distributed(collective_sweep, options_).distributed(spec);
+        if (both && !unrecorded_first) {
+          m.unrecorded = sgpu::distributed(collective_sweep, unrecorded).distributed(spec);
+        }
       } catch (const std::exception& e) {
         m.error = e.what();
         failed_ = true;
@@ -294,7 +312,10 @@ class CollectiveBench {
       name +=
           "/" + std::string(sgpu::bench::dtype_name(spec.dtype)) + "/" + std::to_string(size.bytes);
     }
-    name += who == Who::kFloor ? "/floor" : who == Who::kMpi ? "/openmpi" : "/sgpu";
+    name += who == Who::kFloor        ? "/floor"
+            : who == Who::kMpi        ? "/openmpi"
+            : who == Who::kUnrecorded ? "/sgpu_unrecorded"
+                                      : "/sgpu";
     auto calls = std::make_shared<std::size_t>(0);
     benchmark::RegisterBenchmark(
         name.c_str(),
@@ -308,7 +329,10 @@ class CollectiveBench {
           if (who == Who::kMpi) {
             s.seconds = m.mpi.at(index);
           } else {
-            s = summarise(who == Who::kFloor ? m.floor : m.sgpu, index);
+            s = summarise(who == Who::kFloor        ? m.floor
+                          : who == Who::kUnrecorded ? m.unrecorded
+                                                    : m.sgpu,
+                          index);
           }
           if (s.wrong > 0) {
             failed_ = true;
@@ -331,6 +355,12 @@ class CollectiveBench {
           }
           if (who == Who::kSgpu && !m.mpi.empty()) {
             state.counters["vs_openmpi"] = m.mpi.at(index) / s.seconds;
+          }
+          if (who == Who::kSgpu && !m.unrecorded.empty()) {
+            // What recording costs a collective: the recorded row's time less the other's.
+            const double unrecorded = summarise(m.unrecorded, index).seconds;
+            state.counters["vs_unrecorded"] = unrecorded / s.seconds;
+            state.counters["recorder_us"] = (s.seconds - unrecorded) * 1e6;
           }
         })
         ->Iterations(1)
@@ -490,6 +520,11 @@ int main(int argc, char** argv) {
                  "Open MPI reference rows (sim, float32): auto (when built), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_option("--recorder", config.recorder,
+                 "The collective recorder: on, off, or both (sgpu_unrecorded rows beside the "
+                 "recorded ones, and their difference)")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
   app.add_option("--table", config.table_path, "Also write the table to this file");
   // Google Benchmark answers --help itself and exits; this binary's flags come first.
   for (int i = 1; i < argc; ++i) {
@@ -538,6 +573,7 @@ int main(int argc, char** argv) {
   options.gpu_type = config.gpu_type;
   options.name = "collective_sweep";
   options.sim_transport = config.transport;
+  if (config.recorder == "off") options.recorder_entries = 0;
   std::string backend;
   try {
     options.timeout = sgpu::parse_timeout(config.timeout);
