@@ -293,8 +293,9 @@ class CallImpl final : public detail::Call {
   }
 
   // What the rings say now, before teardown changes it: kept for the error, and written to
-  // the run folder's collectives.txt.
-  void diagnose_collectives() {
+  // the run folder's collectives.txt. Stacks are taken on a hang or a timeout, and on a
+  // rank's failure when peers were left in a collective it names a culprit for.
+  void diagnose_collectives(Outcome why) {
     if (options_.recorder_entries == 0) return;
     const std::int64_t now =
         std::chrono::duration_cast<std::chrono::nanoseconds>(WallClock::now().time_since_epoch())
@@ -316,7 +317,9 @@ class CallImpl final : public detail::Call {
     } catch (const std::exception&) {
       // The rings stay in the run folder.
     }
-    if (!d.verdict.empty()) take_rank_stacks();
+    if (!d.verdict.empty() && (why != Outcome::kRankFailed || !d.culprits.empty())) {
+      take_rank_stacks();
+    }
   }
 
   // Every live rank's stacks (NOTE [Stack dumps]) into the run folder's stacks.txt, and
@@ -583,7 +586,7 @@ class CallImpl final : public detail::Call {
         slot->exited_in_teardown = teardown_began_.has_value();
         if (phase_ == Phase::kRunning && !exited_ok(*slot)) {
           outcome = Outcome::kRankFailed;
-          diagnose_collectives();
+          diagnose_collectives(outcome);
           begin_teardown(now);
         }
       }
@@ -601,14 +604,14 @@ class CallImpl final : public detail::Call {
       if (phase_ == Phase::kRunning && now >= deadline) {
         outcome = Outcome::kTimedOut;
         for (RankSlot& slot : slots_) slot.timed_out = !slot.exit.has_value();
-        diagnose_collectives();
+        diagnose_collectives(outcome);
         begin_teardown(now);
       }
       if (phase_ == Phase::kRunning && now >= next_watch) {
         next_watch = now + watch_every;
         if (hung()) {
           outcome = Outcome::kHung;
-          diagnose_collectives();
+          diagnose_collectives(outcome);
           begin_teardown(now);
         }
       }
