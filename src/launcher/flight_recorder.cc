@@ -80,10 +80,6 @@ c10::impl::GenericList dtypes(const CollectiveEntry& e) {
   return all;
 }
 
-struct GroupInfo {
-  std::vector<int> members;
-};
-
 std::string ranks_text(const std::vector<int>& members) {
   std::string text = "[";
   for (std::size_t i = 0; i < members.size(); ++i) {
@@ -96,28 +92,16 @@ std::string ranks_text(const std::vector<int>& members) {
 
 void write_flight_recorder_dumps(const std::vector<RankView>& ranks,
                                  const std::filesystem::path& dir) {
-  // Every group any rank knows, with its global ranks (the analyzer asks that every rank
-  // describe every group alike).
-  std::map<std::string, GroupInfo> groups;
-  for (const RankView& view : ranks) {
-    if (!view.ring) continue;
-    for (const contract::RingGroup& group : view.ring->groups) {
-      auto& info = groups[group.name];
-      if (info.members.empty()) info.members = group.members;
-    }
-  }
-  for (auto& [name, info] : groups) {
-    if (!info.members.empty()) continue;
-    for (const RankView& view : ranks) info.members.push_back(view.rank);
-  }
+  // Every rank describes every group alike, as the analyzer asks.
+  const std::map<std::string, std::vector<int>> groups = recorded_groups(ranks);
   std::filesystem::create_directories(dir);
   for (const RankView& view : ranks) {
     auto pg_config = dict();
-    for (const auto& [name, info] : groups) {
+    for (const auto& [name, members] : groups) {
       auto group = dict();
       group.insert("name", name);
       group.insert("desc", name);
-      group.insert("ranks", ranks_text(info.members));
+      group.insert("ranks", ranks_text(members));
       pg_config.insert(name, group);
     }
     c10::impl::GenericList entries = list();

@@ -68,20 +68,9 @@ const std::string& group_name(const contract::RingSnapshot& ring, const Collecti
 
 // Every process group some rank recorded, with its members' collectives.
 std::vector<Group> groups_of(const std::vector<RankView>& ranks) {
-  std::map<std::string, std::vector<int>> members;  // name -> global ranks
-  for (const RankView& view : ranks) {
-    if (!view.ring) continue;
-    for (const contract::RingGroup& group : view.ring->groups) {
-      auto& known = members[group.name];
-      if (known.empty() && !group.members.empty()) known = group.members;
-    }
-  }
   std::vector<Group> groups;
-  for (auto& [name, global] : members) {
+  for (const auto& [name, global] : recorded_groups(ranks)) {
     Group group{name, {}};
-    if (global.empty()) {
-      for (const RankView& view : ranks) global.push_back(view.rank);
-    }
     for (int rank : global) {
       Member member;
       member.rank = rank;
@@ -258,6 +247,22 @@ std::string table_of(const std::vector<RankView>& ranks, std::int64_t now_ns, in
 }
 
 }  // namespace
+
+std::map<std::string, std::vector<int>> recorded_groups(const std::vector<RankView>& ranks) {
+  std::map<std::string, std::vector<int>> members;
+  for (const RankView& view : ranks) {
+    if (!view.ring) continue;
+    for (const contract::RingGroup& group : view.ring->groups) {
+      auto& known = members[group.name];
+      if (known.empty() && !group.members.empty()) known = group.members;
+    }
+  }
+  for (auto& [name, global] : members) {
+    if (!global.empty()) continue;
+    for (const RankView& view : ranks) global.push_back(view.rank);
+  }
+  return members;
+}
 
 std::string describe_duration(std::int64_t ns) {
   ns = std::max<std::int64_t>(ns, 0);

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ struct InFlight {
   std::int64_t since_ns = 0;
 };
 std::optional<InFlight> longest_in_flight(const std::vector<RankView>& ranks);
+
+// Every process group some rank recorded, by name, with its global ranks (all of the
+// call's when no rank knows them).
+std::map<std::string, std::vector<int>> recorded_groups(const std::vector<RankView>& ranks);
 
 // "1.5 s", "320 ms", "4 min 12 s".
 std::string describe_duration(std::int64_t ns);

@@ -2,7 +2,6 @@
 // store, start ranks, monitor them, tear down, gather.
 #include "launcher/launcher.h"
 
-#include <cxxabi.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -36,6 +35,7 @@
 #include "launcher/program.h"
 #include "launcher/rank_starter.h"
 #include "launcher/stacks.h"
+#include "launcher/symbols.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -888,11 +888,7 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
     if (run_request.run_name.empty()) run_request.run_name = plain_name(record.function_name);
   } else {
     // A function the binary keeps no name for (a stripped static one): its type.
-    int status = 0;
-    std::unique_ptr<char, void (*)(void*)> type(
-        abi::__cxa_demangle(record.signature.c_str(), nullptr, nullptr, &status), std::free);
-    run_request.function_name =
-        "a function of type " + (status == 0 && type ? std::string(type.get()) : record.signature);
+    run_request.function_name = "a function of type " + demangle(record.signature);
     if (run_request.run_name.empty() && !program_args().empty()) {
       run_request.run_name = program_run_name({program_args().front()});  // the binary's name
     }
