@@ -65,7 +65,7 @@ backend::Inventory parse_node_spec(std::string_view spec) {
     }
     const backend::GpuModel& model = *backend::find_gpu_model(*type);
     const std::uint64_t memory =
-        memory_text.empty() ? model.memory_bytes : parse_memory(spec, memory_text);
+        memory_text.empty() ? model.capacity_bytes : parse_memory(spec, memory_text);
     for (int i = 0; i < count; ++i) {
       backend::Gpu gpu;
       gpu.index = static_cast<int>(inventory.gpus.size());

@@ -12,6 +12,7 @@
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sim/faults.h"
+#include "sim/node_spec.h"
 #include "sim/shm/shm_backend.h"
 #include "sim/sim_backend.h"
 
@@ -83,8 +84,12 @@ std::string plan_of(const Options& options) {
 }  // namespace
 
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
-  std::vector<std::string> variables{std::string(kTransportVar) + "=" +
-                                     transport_name(chosen_transport(options))};
+  counts_memory();  // ConfigError before anything starts
+  const std::string spec = node_spec_of(options);
+  parse_node_spec(spec);
+  std::vector<std::string> variables{
+      "SGPU_SIM=" + spec,
+      std::string(kTransportVar) + "=" + transport_name(chosen_transport(options))};
   const std::string plan = plan_of(options);
   if (plan.empty()) return variables;
   parse_faults(plan, options.gpus);  // ConfigError before anything starts
@@ -118,7 +123,7 @@ std::vector<std::string> SimBackend::ending_faults(const Options& options) const
   return ending;
 }
 
-void SimBackend::bind(int device_index) const {
+void SimBackend::bind_program() const {
   RankFaults& state = rank_faults();
   for (const Fault& fault : state.faults) {
     if (fault.point == Fault::Point::kStart && fault.action != Fault::Action::kSlow) act(fault);

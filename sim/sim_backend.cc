@@ -1,18 +1,49 @@
 #include "sim/sim_backend.h"
 
 #include <cstdlib>
+#include <string_view>
 
+#include "backend/memory_stats.h"
+#include "contract/rank_env.h"
+#include "sgpu/errors.h"
+#include "sim/memory/device_allocator.h"
 #include "sim/node_spec.h"
 
 namespace sgpu::sim {
 
+std::string node_spec_of(const Options& options) {
+  if (!options.sim_node.empty()) return options.sim_node;
+  const char* env = std::getenv("SGPU_SIM");
+  return (env != nullptr && *env != '\0') ? env : std::string(kDefaultNodeSpec);
+}
+
 backend::Inventory SimBackend::inventory(const Options& options) const {
-  std::string spec = options.sim_node;
-  if (spec.empty()) {
-    const char* env = std::getenv("SGPU_SIM");
-    spec = (env != nullptr && *env != '\0') ? env : std::string(kDefaultNodeSpec);
+  return parse_node_spec(node_spec_of(options));
+}
+
+bool counts_memory() {
+  const std::string value = contract::env_string(kMemoryVar);
+  if (value.empty() || value == "on") return true;
+  if (value == "off") return false;
+  throw ConfigError(std::string(kMemoryVar) + "=" + value +
+                    " is not \"on\" or \"off\": on (the default) counts what a simulated rank "
+                    "allocates against its device's capacity, off counts nothing");
+}
+
+void SimBackend::bind(int device_index) const {
+  bind_program();
+  if (!counts_memory()) return;
+  const backend::Inventory node = parse_node_spec(node_spec_of({}));
+  if (device_index < 0 || device_index >= static_cast<int>(node.gpus.size())) {
+    throw ConfigError("simulated device " + std::to_string(device_index) + " is not on the node " +
+                      node.sim_spec);
   }
-  return parse_node_spec(spec);
+  memory::install_device_allocator(device_index, node.gpus[device_index].memory_bytes);
+}
+
+MemoryStats SimBackend::memory_stats(int device_index) const {
+  const auto stats = memory::device_stats();
+  return stats ? backend::memory_stats_of(*stats) : MemoryStats{};
 }
 
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }

@@ -17,17 +17,31 @@ class SimBackend final : public backend::Backend {
   std::string_view name() const override { return "sim"; }
   backend::Inventory inventory(const Options& options) const override;
   std::string device(int device_index) const override { return "cpu"; }
-  // Applies this rank's start faults and arms its timed ones.
+  // Applies this rank's start faults and arms its timed ones, then makes the rank's CPU
+  // allocator the simulated device's (sim/memory/device_allocator.h) unless
+  // SGPU_SIM_MEMORY=off.
   void bind(int device_index) const override;
   // The transport's groups, wrapped to act on collective faults (sim/process_group.cc).
   const backend::ProcessGroupFactory& process_groups() const override;
-  // The transport, and the fault plan (Options::sim_faults, else SGPU_SIM_FAULTS), checked.
+  // The node spec (SGPU_SIM), the transport, and the fault plan (Options::sim_faults, else
+  // SGPU_SIM_FAULTS), checked.
   std::vector<std::string> rank_environment(const Options& options) const override;
   // A program's rank: its start and timed faults, acting on the supervisor (and so on the
-  // rank); collective and slow faults act only in sgpu's process group.
-  void bind_program() const override { bind(0); }
+  // rank); collective and slow faults act only in sgpu's process group. No device memory:
+  // the program is another binary.
+  void bind_program() const override;
   std::vector<std::string> ending_faults(const Options& options) const override;
+  // The simulated device's figures; empty when it counts nothing.
+  MemoryStats memory_stats(int device_index) const override;
 };
+
+// The node a call simulates: Options::sim_node, else SGPU_SIM, else kDefaultNodeSpec.
+std::string node_spec_of(const Options& options);
+
+// Whether a simulated device counts memory: SGPU_SIM_MEMORY "on" (or unset) or "off";
+// ConfigError for anything else.
+inline constexpr const char* kMemoryVar = "SGPU_SIM_MEMORY";
+bool counts_memory();
 
 std::unique_ptr<backend::Backend> make_sim_backend();
 

@@ -26,6 +26,7 @@
 #include "backend/process_group_factory.h"
 #include "collectives/recorder.h"
 #include "contract/front_end.h"
+#include "contract/host_memory.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
@@ -35,6 +36,7 @@
 #include "serialize/error_record.h"
 #include "serialize/record.h"
 #include "sgpu/errors.h"
+#include "sgpu/memory.h"
 #include "sgpu/options.h"
 #include "sgpu/tracking.h"
 
@@ -196,6 +198,11 @@ class PyCall {
     for (const std::string& result : *results) out.emplace_back(result);
     return out;
   }
+  // Each rank's device memory figures at its end; waits for the call without raising.
+  std::vector<sgpu::MemoryStats> memory_stats() {
+    py::gil_scoped_release release;
+    return call_->memory_stats();
+  }
   void cancel() { call_->cancel(); }
   std::string run_dir() const { return call_->run_dir().string(); }
   std::string gpu_type() const { return call_->gpu_type(); }
@@ -280,10 +287,7 @@ py::bytes read_call() {
                                                std::size_t{1} << 40));
 }
 
-void bind_device() {
-  const contract::RankEnvironment env = contract::read_rank_environment();
-  backend::find_backend(env.backend).bind(env.device_index);
-}
+void bind_device() { launcher::bind_rank_device(); }
 
 void write_result(const py::bytes& result, std::size_t limit) {
   const std::string_view bytes = result;
@@ -374,6 +378,7 @@ PYBIND11_MODULE(_native, m) {
       .def("wait_for", &PyCall::wait_for, py::arg("seconds"))
       .def("results", &PyCall::results)
       .def("cancel", &PyCall::cancel)
+      .def("memory_stats", &PyCall::memory_stats)
       .def("results_taken", &PyCall::results_taken)
       .def("raise_bad_result", &PyCall::raise_bad_result)
       .def_property_readonly("run_dir", &PyCall::run_dir)
@@ -395,6 +400,9 @@ PYBIND11_MODULE(_native, m) {
     sgpu::launcher::end_worker_rank(code);
   });
   m.def("read_call", &read_call);
+  m.def("memory_stats", [] { return sgpu::memory_stats(); });
+  m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
+  m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });
   m.def("bind_device", &bind_device);
   m.def("write_result", &write_result, py::arg("result"), py::arg("limit"));
   m.def("write_error", &write_error, py::arg("type"), py::arg("message"), py::arg("traceback"),

@@ -256,6 +256,15 @@ class Handle:
             raise value
         return value
 
+    def memory_stats(self, timeout: Optional[float] = None) -> list:
+        """Each rank's device memory figures at its end (dicts with torch.cuda.memory_stats()'s
+        keys), in rank order, once the call is done, whether it succeeded or failed; an empty
+        dict for a rank that left none. Waits as result() does, without raising the call's
+        error."""
+        if self._outcome is None:
+            self._wait(timeout)
+        return [dict(stats) for stats in self._call.memory_stats()]
+
     def _wait(self, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

@@ -67,6 +67,40 @@ def device():
     return torch.device("cpu")
 
 
+def memory_stats() -> dict:
+    """This rank's device memory figures, with torch.cuda.memory_stats()'s keys
+    ("allocated_bytes.all.peak", "num_ooms", ...): the CUDA caching allocator's on cuda, the
+    simulated device's on sim. Empty outside a rank, and on sim with SGPU_SIM_MEMORY=off."""
+    if not is_rank():
+        return {}
+    from sgpu import _native
+
+    return dict(_native.memory_stats())
+
+
+class host_memory:
+    """`with sgpu.host_memory():` the CPU tensors this thread allocates inside are host
+    memory: on sim they do not count against the simulated device (on cuda, CPU tensors
+    never do). For data loading and other buffers a GPU node keeps on the host."""
+
+    def __enter__(self):
+        if is_rank():
+            from sgpu import _native
+
+            _native.enter_host_memory()
+            self._entered = True
+        else:
+            self._entered = False
+        return self
+
+    def __exit__(self, *exc):
+        if self._entered:
+            from sgpu import _native
+
+            _native.exit_host_memory()
+        return False
+
+
 def _create_process_group(options, _backend_options=None):
     from sgpu import _native
 

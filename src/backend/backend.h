@@ -1,6 +1,7 @@
 // The device backend: what sets real GPUs apart from simulated ones.
 //
-// The launcher's pipeline is the same for every backend; a backend answers five things.
+// The launcher's pipeline is the same for every backend; a backend answers five things
+// (and, in the rank, memory_stats()).
 // inventory(): which GPUs this node offers to a call; an empty inventory carries the
 //   reason (only a malformed node description, such as a bad sim spec, throws). bind(): in the rank
 //   process, before user code runs, ties the rank to its device. device(): the device name tensors
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "sgpu/inventory.h"
+#include "sgpu/memory.h"
 #include "sgpu/options.h"
 
 namespace sgpu::backend {
@@ -47,6 +49,9 @@ class Backend {
   // succeeds despite one was not shown what was asked, which the launcher reports as an
   // error. The default has none.
   virtual std::vector<std::string> ending_faults(const Options& options) const { return {}; }
+  // In the rank process, after bind(): the device's memory figures (sgpu/memory.h); empty
+  // when the backend keeps none. The default keeps none.
+  virtual MemoryStats memory_stats(int device_index) const { return {}; }
 };
 
 }  // namespace sgpu::backend

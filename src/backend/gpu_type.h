@@ -16,6 +16,10 @@ struct GpuModel {
   std::string_view type;         // normalised name, e.g. "H100"
   std::string_view device_name;  // what the driver reports for the common variant
   std::uint64_t memory_bytes;    // memory of the common variant
+  // What CUDA offers PyTorch on the common variant: the "total capacity" of torch's
+  // out-of-memory message, somewhat below the memory on the label. A simulated device of
+  // this type has this much unless its node spec says otherwise.
+  std::uint64_t capacity_bytes;
 };
 
 // Every type sgpu knows, in table order.

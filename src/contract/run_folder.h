@@ -14,6 +14,7 @@
 //   rank-<N>/abrupt-end            when it went down without one (contract/abrupt_end.h)
 //   rank-<N>/tracking-spool.jsonl  what the rank's logger could not send (tracking)
 //   rank-<N>/collectives.ring      the rank's recent collectives (NOTE [The collective ring])
+//   rank-<N>/memory.json           its device's memory figures at its end (sgpu/memory.h)
 //   collectives.txt                the call's collectives, when it hung or failed in one
 //   stacks.txt                     then every live rank's stacks (NOTE [Stack dumps])
 //   flight-recorder/nccl_trace_rank_<N>  the rings as c10d flight-recorder dumps
@@ -40,6 +41,7 @@ struct RankFolder {
   // When the rank went down without an error record (NOTE [Abrupt ends]).
   std::filesystem::path abrupt_end() const { return dir / "abrupt-end"; }
   std::filesystem::path collective_ring() const { return dir / "collectives.ring"; }
+  std::filesystem::path memory() const { return dir / "memory.json"; }
 
   static constexpr const char* kTrackingSpoolName = "tracking-spool.jsonl";
 };

@@ -38,6 +38,7 @@
 #include "launcher/symbols.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
+#include "serialize/memory_record.h"
 #include "serialize/record.h"
 #include "sgpu/errors.h"
 #include "sgpu/internal/call.h"
@@ -221,6 +222,12 @@ class CallImpl final : public detail::Call {
     finished_cv_.wait(lock, [this] { return finished_; });
     if (error_) std::rethrow_exception(error_);
     return results_;
+  }
+
+  const std::vector<MemoryStats>& memory_stats() override {
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [this] { return finished_; });
+    return memory_;
   }
 
   bool wait_for(std::chrono::milliseconds limit) override {
@@ -804,9 +811,14 @@ class CallImpl final : public detail::Call {
                                                          run_dir_, std::move(collectives)));
       }
     }
+    std::vector<MemoryStats> memory;
+    for (const RankSlot& slot : slots_) {
+      memory.push_back(serialize::read_memory_record(slot.folder.memory()).value_or(MemoryStats{}));
+    }
     {
       std::lock_guard lock(mutex_);
       results_ = std::move(results);
+      memory_ = std::move(memory);
       error_ = error;
       finished_ = true;
     }
@@ -839,6 +851,7 @@ class CallImpl final : public detail::Call {
   std::condition_variable finished_cv_;
   bool finished_ = false;
   std::vector<std::string> results_;
+  std::vector<MemoryStats> memory_;
   std::exception_ptr error_;
 };
 

@@ -1,6 +1,7 @@
 #include "launcher/rank_main.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <cxxabi.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -29,10 +31,12 @@
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
+#include "serialize/memory_record.h"
 #include "serialize/record.h"
 #include "sgpu/internal/call.h"
 #include "sgpu/internal/values.h"
 #include "tracking/rank_logger.h"
+#include "tracking/run_logger.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -134,7 +138,34 @@ void install_guards() {
 // multiprocessing children end. Static destructors and atexit handlers do not run: in a
 // rank forked from the fork server they would copy-on-write much of libtorch's memory
 // (measured: 0.4 s per rank) for nothing, and both start methods must end alike.
+bool g_bound = false;  // the rank bound its device
+
+// The device's figures into rank-<N>/memory.json, and its peaks into the call's run
+// (one point per rank: the step is the rank).
+void record_memory() {
+  if (!g_bound) return;
+  try {
+    const contract::RankEnvironment env = contract::read_rank_environment();
+    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
+    if (stats.empty()) return;
+    serialize::write_memory_record(contract::RankFolder{env.rank_dir}.memory(), stats);
+    if (tracking::RunLogger* logger = tracking::rank_logger()) {
+      std::map<std::string, double> peaks;
+      for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
+        const auto peak = stats.find(std::string(name) + ".all.peak");
+        if (peak != stats.end()) {
+          peaks["sgpu.memory.peak_" + std::string(name)] = static_cast<double>(peak->second);
+        }
+      }
+      logger->log_metrics(peaks, env.rank);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: rank's memory figures not recorded: " << e.what() << std::endl;
+  }
+}
+
 [[noreturn]] void end_rank(int code) {
+  record_memory();
   tracking::close_rank_logger(kFlushOnExitLimit);
   std::cout.flush();
   std::cerr.flush();
@@ -259,6 +290,12 @@ void enter_worker_rank() {
 
 void end_worker_rank(int code) { end_rank(code); }
 
+void bind_rank_device() {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  backend::find_backend(env.backend).bind(env.device_index);
+  g_bound = true;
+}
+
 void run_rank() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   install_guards();
@@ -277,8 +314,7 @@ void run_rank() {
     if (const long threads = contract::env_int("OMP_NUM_THREADS", 0); threads > 0) {
       at::set_num_threads(static_cast<int>(threads));
     }
-    const backend::Backend& backend = backend::find_backend(env.backend);
-    backend.bind(env.device_index);
+    bind_rank_device();
     const std::string result = entry(function, record.signature, record.args);
     if (result.size() > record.max_payload_bytes) {
       throw serialize::RecordTooLarge(result.size(), record.max_payload_bytes);
@@ -286,6 +322,8 @@ void run_rank() {
     serialize::write_record_file(folder.result(), serialize::RecordKind::kResult, result);
   } catch (const serialize::RecordTooLarge& e) {
     fail(folder, rank, "sgpu::ResultTooLarge", std::string("result ") + e.what());
+  } catch (const c10::Error& e) {  // its message, not libtorch's C++ backtrace
+    fail(folder, rank, current_exception_type(), e.what_without_backtrace());
   } catch (const std::exception& e) {
     fail(folder, rank, current_exception_type(), e.what());
   } catch (...) {

@@ -17,6 +17,10 @@ void enter_worker_rank();
 // _exit(code).
 [[noreturn]] void end_worker_rank(int code);
 
+// Binds this rank's device (Backend::bind); a rank that did has its device's memory
+// figures written to rank-<N>/memory.json and logged to the call's run as it ends.
+void bind_rank_device();
+
 // A program's rank (sgpu run): arms the parent-death signal, leaves the rank variables
 // and drops sgpu's own, then becomes the program named by argv (found on PATH).
 [[noreturn]] void run_program(char** argv);

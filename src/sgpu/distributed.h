@@ -98,6 +98,10 @@ class Launch {
   // Where the call's MLflow run is shown: a web link for a tracking server, the run's
   // folder for the file store; empty when the call is not tracked.
   const std::string& tracking_link() const { return call_->tracking_link(); }
+  // Each rank's device memory figures at its end (sgpu/memory.h), in rank order, after
+  // the call finished, whether it succeeded or failed; a rank that left none has an empty
+  // map. Blocks until the call finished.
+  const std::vector<MemoryStats>& memory_stats() { return call_->memory_stats(); }
 
  private:
   std::shared_ptr<detail::Call> call_;

@@ -9,6 +9,7 @@
 #include "sgpu/distributed.h"
 #include "sgpu/errors.h"
 #include "sgpu/inventory.h"
+#include "sgpu/memory.h"
 #include "sgpu/options.h"
 #include "sgpu/runtime.h"
 #include "sgpu/tracking.h"

@@ -20,7 +20,8 @@ TEST(NodeSpec, MixedAndMemory) {
   ASSERT_EQ(inv.gpus.size(), 8u);
   EXPECT_EQ(inv.gpus[4].type, "A10");
   EXPECT_EQ(inv.gpus[4].memory_bytes, 12ull << 30);
-  EXPECT_EQ(inv.gpus[0].memory_bytes, 80ull << 30);
+  // Without a size, what torch reports as an H100's total capacity: 79.11 GiB.
+  EXPECT_EQ(inv.gpus[0].memory_bytes, 81008ull << 20);
   EXPECT_EQ(inv.summary(), "4 x H100 + 4 x A10");
 }
 

@@ -28,7 +28,14 @@ class CudaBackend final : public backend::Backend {
   std::string device(int device_index) const override {
     return "cuda:" + std::to_string(device_index);
   }
+  // Sets the rank's device; with SGPU_CUDA_MEMORY_FRACTION=F (0 < F <= 1) the caching
+  // allocator may take only that fraction of it (torch.cuda.set_per_process_memory_fraction),
+  // which makes a large GPU small for an out-of-memory test.
   void bind(int device_index) const override;
+  // Checks SGPU_CUDA_MEMORY_FRACTION; adds nothing.
+  std::vector<std::string> rank_environment(const Options& options) const override;
+  // The CUDA caching allocator's figures, from the runtime module.
+  MemoryStats memory_stats(int device_index) const override;
   // NCCL, made by the runtime module.
   const backend::ProcessGroupFactory& process_groups() const override;
 };

@@ -9,7 +9,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_type.h"
+#include "backend/memory_stats.h"
 #include "backend/process_group_factory.h"
+#include "sgpu/errors.h"
 
 namespace sgpu::cuda {
 namespace {
@@ -100,6 +102,7 @@ struct RuntimeModule {
   void (*bind)(int) = nullptr;
   void (*make_process_group)(const backend::ProcessGroupRequest*,
                              c10::intrusive_ptr<c10d::Backend>*) = nullptr;
+  void (*memory_stats)(int, c10::CachingDeviceAllocator::DeviceStats*) = nullptr;
 };
 
 // The module's path beside the binary or library this code is part of (the Python
@@ -133,7 +136,9 @@ const RuntimeModule& runtime_module() {
     m.bind = reinterpret_cast<void (*)(int)>(dlsym(handle, "sgpu_cuda_bind"));
     m.make_process_group = reinterpret_cast<decltype(m.make_process_group)>(
         dlsym(handle, "sgpu_cuda_make_process_group"));
-    if (m.bind == nullptr || m.make_process_group == nullptr) {
+    m.memory_stats =
+        reinterpret_cast<decltype(m.memory_stats)>(dlsym(handle, "sgpu_cuda_memory_stats"));
+    if (m.bind == nullptr || m.make_process_group == nullptr || m.memory_stats == nullptr) {
       throw std::runtime_error("sgpu: " + path + " is not sgpu's CUDA runtime module");
     }
     return m;
@@ -144,6 +149,24 @@ const RuntimeModule& runtime_module() {
 }  // namespace
 
 void CudaBackend::bind(int device_index) const { runtime_module().bind(device_index); }
+
+std::vector<std::string> CudaBackend::rank_environment(const Options& options) const {
+  const char* text = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
+  if (text == nullptr || *text == '\0') return {};
+  char* end = nullptr;
+  const double fraction = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(fraction > 0.0 && fraction <= 1.0)) {
+    throw ConfigError(std::string("SGPU_CUDA_MEMORY_FRACTION=") + text +
+                      " is not a fraction above 0 and at most 1 of each GPU's memory");
+  }
+  return {};
+}
+
+MemoryStats CudaBackend::memory_stats(int device_index) const {
+  c10::CachingDeviceAllocator::DeviceStats stats;
+  runtime_module().memory_stats(device_index, &stats);
+  return backend::memory_stats_of(stats);
+}
 
 namespace {
 

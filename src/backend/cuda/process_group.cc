@@ -1,16 +1,31 @@
 // The CUDA side that needs libtorch's CUDA part, built as its own module
 // (libsgpu_cuda_runtime.so) and loaded by the cuda backend when a rank binds. Binaries
 // that link sgpu load no CUDA library until a rank runs on "cuda".
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <cstdlib>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "backend/process_group_factory.h"
 
 extern "C" {
 
-// Makes `device` the rank's current CUDA device.
-void sgpu_cuda_bind(int device) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device)); }
+// Makes `device` the rank's current CUDA device, and caps what the caching allocator may
+// take of it at SGPU_CUDA_MEMORY_FRACTION (checked by the caller: CudaBackend).
+void sgpu_cuda_bind(int device) {
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  const char* fraction = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
+  if (fraction != nullptr && *fraction != '\0') {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(std::strtod(fraction, nullptr),
+                                                       static_cast<c10::DeviceIndex>(device));
+  }
+}
+
+// The CUDA caching allocator's figures for `device`, stored into *out.
+void sgpu_cuda_memory_stats(int device, c10::CachingDeviceAllocator::DeviceStats* out) {
+  *out = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+}
 
 // An NCCL process group for the request, stored into *out.
 void sgpu_cuda_make_process_group(const sgpu::backend::ProcessGroupRequest* request,

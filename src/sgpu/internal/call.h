@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sgpu/internal/call_record.h"
+#include "sgpu/memory.h"
 #include "sgpu/options.h"
 
 namespace sgpu::detail {
@@ -38,6 +39,9 @@ class Call {
   virtual const std::string& gpu_type() const = 0;  // requested or detected
   // Where the call's MLflow run is shown (web link or folder); empty when untracked.
   virtual const std::string& tracking_link() const = 0;
+  // Blocks until every rank finished; each rank's device memory figures at its end, in
+  // rank order (empty for a rank that left none), whether the call succeeded or failed.
+  virtual const std::vector<MemoryStats>& memory_stats() = 0;
   // The caller decoded every result: the run folder is removed unless kept.
   virtual void results_taken() = 0;
   // Raises the DistributedError for a result that did not decode on the caller's side

@@ -1,0 +1,79 @@
+"""Simulated GPUs with memory, from Python: a rank's tensors count against its device, past
+the capacity the call raises torch.OutOfMemoryError with CUDA's text, and every call
+reports each rank's figures, in its handle and its MLflow run."""
+
+import mlflow
+import pytest
+import torch
+
+import sgpu
+from sgpu import distributed
+
+MiB = 1 << 20
+
+
+def test_past_the_capacity_the_call_raises_torchs_out_of_memory_error():
+    @distributed(gpus=2, sim_node="2xH100:64MiB")
+    def big(rank):
+        if sgpu.get_global_rank() == rank:
+            torch.empty(80 * MiB, dtype=torch.uint8)
+        return sgpu.get_global_rank()
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        big.distributed(1)
+    assert str(caught.value).startswith(
+        "CUDA out of memory. Tried to allocate 80.00 MiB. GPU 1 has a total capacity of "
+        "64.00 MiB of which ")
+    assert "is reserved by PyTorch but unallocated." in str(caught.value)
+    # Below the capacity the same call runs.
+    assert big.distributed(5) == [0, 1]
+
+
+def test_a_ranks_tensors_count_and_host_memory_does_not():
+    @distributed(gpus=2, tracking=False)
+    def figures():
+        def now():
+            stats = sgpu.memory_stats()
+            return stats["allocated_bytes.all.current"], stats["requested_bytes.all.current"]
+
+        before = now()
+        device = torch.empty(1000, dtype=torch.float32)
+        after = now()
+        with sgpu.host_memory():
+            batch = torch.empty(MiB, dtype=torch.uint8)
+            hosted = now()
+        del device, batch
+        return before, after, hosted
+
+    for before, after, hosted in figures.distributed():
+        assert after[0] - before[0] == 4096  # 4000 bytes, rounded as the caching allocator does
+        assert after[1] - before[1] == 4000
+        assert hosted == after
+
+
+def test_the_handle_and_the_run_have_each_ranks_peaks():
+    @distributed(gpus=3, sim_node="3xA10")
+    def grow():
+        kept = torch.zeros((sgpu.get_global_rank() + 1) * 4 * MiB, dtype=torch.uint8)
+        return int(kept.numel())
+
+    handle = grow.launch()
+    assert handle.result() == [4 * MiB, 8 * MiB, 12 * MiB]
+    memory = handle.memory_stats()
+    assert [m["allocated_bytes.all.peak"] >= (r + 1) * 4 * MiB for r, m in enumerate(memory)] == [
+        True] * 3
+    assert all(m["num_ooms"] == 0 for m in memory)
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    history = mlflow.MlflowClient().get_metric_history(
+        run.info.run_id, "sgpu.memory.peak_allocated_bytes")
+    assert sorted((m.step, m.value) for m in history) == [
+        (r, float(memory[r]["allocated_bytes.all.peak"])) for r in range(3)]
+    reserved = mlflow.MlflowClient().get_metric_history(
+        run.info.run_id, "sgpu.memory.peak_reserved_bytes")
+    assert sorted(m.step for m in reserved) == [0, 1, 2]
+
+
+def test_outside_a_rank_there_are_no_figures():
+    assert sgpu.memory_stats() == {}
+    with sgpu.host_memory():
+        assert torch.ones(3).sum().item() == 3.0
