@@ -46,6 +46,8 @@ MemoryStats SimBackend::memory_stats(int device_index) const {
   return stats ? backend::memory_stats_of(*stats) : MemoryStats{};
 }
 
+void SimBackend::reset_peak_memory_stats(int device_index) const { memory::reset_peak_stats(); }
+
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 
 }  // namespace sgpu::sim

@@ -33,6 +33,7 @@ class SimBackend final : public backend::Backend {
   std::vector<std::string> ending_faults(const Options& options) const override;
   // The simulated device's figures; empty when it counts nothing.
   MemoryStats memory_stats(int device_index) const override;
+  void reset_peak_memory_stats(int device_index) const override;
 };
 
 // The node a call simulates: Options::sim_node, else SGPU_SIM, else kDefaultNodeSpec.

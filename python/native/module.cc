@@ -401,6 +401,7 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("read_call", &read_call);
   m.def("memory_stats", [] { return sgpu::memory_stats(); });
+  m.def("reset_peak_memory_stats", [] { sgpu::reset_peak_memory_stats(); });
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
   m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });
   m.def("bind_device", &bind_device);

@@ -41,6 +41,7 @@ from sgpu._runtime import (  # noqa: E402
     memory_stats,
     node_rank,
     register_backend,
+    reset_peak_memory_stats,
     set_tag,
     world_size,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "memory_stats",
     "node_rank",
     "register_backend",
+    "reset_peak_memory_stats",
     "set_tag",
     "world_size",
 ]

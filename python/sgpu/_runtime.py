@@ -78,6 +78,16 @@ def memory_stats() -> dict:
     return dict(_native.memory_stats())
 
 
+def reset_peak_memory_stats() -> None:
+    """Every ".peak" figure of this rank starts again from its current value, as
+    torch.cuda.reset_peak_memory_stats() does. Nothing outside a rank."""
+    if not is_rank():
+        return
+    from sgpu import _native
+
+    _native.reset_peak_memory_stats()
+
+
 class host_memory:
     """`with sgpu.host_memory():` the CPU tensors this thread allocates inside are host
     memory: on sim they do not count against the simulated device (on cuda, CPU tensors

@@ -125,6 +125,17 @@ void CachingModel::empty_cache() {
   release_free_segments(small_);
 }
 
+void CachingModel::reset_peak_stats() {
+  for (StatArray* stat :
+       {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *stat) s.reset_peak();
+  }
+  stats_.oversize_allocations.reset_peak();
+  stats_.oversize_segments.reset_peak();
+}
+
 CachingModel::Block* CachingModel::malloc(std::size_t requested, OutOfMemory* failure) {
   const std::size_t size = round_size(requested);
   Pool& pool = size <= kSmallSize ? small_ : large_;

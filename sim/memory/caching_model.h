@@ -66,6 +66,8 @@ class CachingModel {
   void free(Block* block);
   // Releases every cached segment that is wholly free (torch.cuda.empty_cache()).
   void empty_cache();
+  // Every peak starts again from its current value (torch.cuda.reset_peak_memory_stats()).
+  void reset_peak_stats();
 
   const DeviceStats& stats() const { return stats_; }
   std::uint64_t capacity() const { return capacity_; }

@@ -55,6 +55,11 @@ class DeviceAllocator final : public c10::Allocator {
     return model_.stats();
   }
 
+  void reset_peaks() {
+    std::lock_guard lock(mutex_);
+    model_.reset_peak_stats();
+  }
+
   // pthread_atfork: the child gets the mutex unlocked and counts nothing from then on.
   void before_fork() { mutex_.lock(); }
   void after_fork_in_parent() { mutex_.unlock(); }
@@ -97,6 +102,10 @@ void install_device_allocator(int device_index, std::uint64_t capacity) {
 std::optional<DeviceStats> device_stats() {
   if (g_allocator == nullptr) return std::nullopt;
   return g_allocator->stats();
+}
+
+void reset_peak_stats() {
+  if (g_allocator != nullptr) g_allocator->reset_peaks();
 }
 
 std::string format_size(std::uint64_t bytes) {

@@ -23,6 +23,9 @@ void install_device_allocator(int device_index, std::uint64_t capacity);
 // The device's statistics; std::nullopt when no counting allocator is installed.
 std::optional<DeviceStats> device_stats();
 
+// Every peak figure starts again from its current value; nothing when none is installed.
+void reset_peak_stats();
+
 // CUDA's message for an allocation that failed on GPU `device`.
 std::string out_of_memory_message(int device, const OutOfMemory& failure);
 

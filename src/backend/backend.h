@@ -52,6 +52,9 @@ class Backend {
   // In the rank process, after bind(): the device's memory figures (sgpu/memory.h); empty
   // when the backend keeps none. The default keeps none.
   virtual MemoryStats memory_stats(int device_index) const { return {}; }
+  // In the rank: every peak figure starts again from its current value. The default does
+  // nothing.
+  virtual void reset_peak_memory_stats(int device_index) const {}
 };
 
 }  // namespace sgpu::backend

@@ -14,6 +14,13 @@ MemoryStats memory_stats() {
       .memory_stats(env.device_index);
 }
 
+void reset_peak_memory_stats() {
+  if (!is_rank()) return;
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  backend::find_backend(env.backend.empty() ? "sim" : env.backend)
+      .reset_peak_memory_stats(env.device_index);
+}
+
 HostMemory::HostMemory() { ++contract::host_memory_depth(); }
 
 HostMemory::~HostMemory() { --contract::host_memory_depth(); }

@@ -27,6 +27,11 @@ using MemoryStats = std::map<std::string, std::int64_t>;
 // device does not count memory (SGPU_SIM_MEMORY=off).
 MemoryStats memory_stats();
 
+// Every ".peak" figure of this rank starts again from its current value, as
+// torch.cuda.reset_peak_memory_stats() does: the peak of one phase (a training step)
+// rather than of the whole rank. Nothing outside a rank.
+void reset_peak_memory_stats();
+
 // While one lives, the CPU tensors this thread allocates are host memory: on sim they do
 // not count against the simulated device (on cuda, CPU tensors never do). For data
 // loading and other buffers that a GPU node keeps on the host.

@@ -72,6 +72,26 @@ TEST(DeviceMemory, ATensorCountsAsTheCachingAllocatorWouldAndHostMemoryDoesNot) 
   }
 }
 
+// The peak allocated bytes after an 8 MiB tensor came and went, then after the peaks were
+// reset and a 1 MiB tensor made.
+std::vector<std::int64_t> phase_peaks(int) {
+  { const at::Tensor big = at::empty({8 * kMiB}, at::kByte); }
+  const std::int64_t before = stat(sgpu::memory_stats(), "allocated_bytes.all.peak");
+  sgpu::reset_peak_memory_stats();
+  const std::int64_t reset = stat(sgpu::memory_stats(), "allocated_bytes.all.peak");
+  const at::Tensor small = at::empty({kMiB}, at::kByte);
+  return {before, reset, stat(sgpu::memory_stats(), "allocated_bytes.all.peak"),
+          stat(sgpu::memory_stats(), "allocated_bytes.all.current")};
+}
+
+TEST(DeviceMemory, ResettingThePeaksMeasuresOnePhase) {
+  const auto peaks = sgpu::distributed(phase_peaks, on("1xH100", 1)).distributed(0).at(0);
+  EXPECT_GE(peaks[0], 8 * kMiB);
+  EXPECT_LT(peaks[1], kMiB) << "the peak starts again from what is allocated now";
+  EXPECT_EQ(peaks[2], peaks[3]) << "the 1 MiB tensor is the new phase's peak";
+  EXPECT_GE(peaks[2], kMiB);
+}
+
 // Rank `rank` allocates `bytes`; the others allocate nothing.
 int allocate(int rank, std::int64_t bytes) {
   if (sgpu::global_rank() == rank) {

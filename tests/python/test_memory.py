@@ -43,12 +43,16 @@ def test_a_ranks_tensors_count_and_host_memory_does_not():
             batch = torch.empty(MiB, dtype=torch.uint8)
             hosted = now()
         del device, batch
-        return before, after, hosted
+        sgpu.reset_peak_memory_stats()
+        stats = sgpu.memory_stats()
+        return before, after, hosted, (stats["allocated_bytes.all.peak"],
+                                       stats["allocated_bytes.all.current"])
 
-    for before, after, hosted in figures.distributed():
+    for before, after, hosted, (peak, current) in figures.distributed():
         assert after[0] - before[0] == 4096  # 4000 bytes, rounded as the caching allocator does
         assert after[1] - before[1] == 4000
         assert hosted == after
+        assert peak == current  # reset: the peak starts again from now
 
 
 def test_the_handle_and_the_run_have_each_ranks_peaks():

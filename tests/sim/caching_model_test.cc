@@ -123,6 +123,21 @@ TEST(CachingModel, AFailedSegmentReleasesTheCacheRetriesThenFails) {
             "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)");
 }
 
+TEST(CachingModel, ResetPeaksStartFromTheCurrentFigures) {
+  CachingModel model(1024 * kMiB);
+  OutOfMemory failure;
+  CachingModel::Block* big = model.malloc(64 * kMiB, &failure);
+  CachingModel::Block* small = model.malloc(1000, &failure);
+  model.free(big);
+  EXPECT_EQ(model.stats().allocated_bytes[kAll].peak, std::int64_t{64 * kMiB} + 1024);
+  model.reset_peak_stats();
+  EXPECT_EQ(model.stats().allocated_bytes[kAll].peak, 1024);
+  EXPECT_EQ(model.stats().reserved_bytes[kAll].peak, std::int64_t{66 * kMiB});  // still cached
+  EXPECT_EQ(model.stats().allocation[kAll].peak, 1);
+  EXPECT_EQ(model.stats().allocated_bytes[kAll].allocated, std::int64_t{64 * kMiB} + 1024);
+  model.free(small);
+}
+
 TEST(CachingModel, SizesPrintAsTorchPrintsThem) {
   EXPECT_EQ(format_size(0), "0 bytes");
   EXPECT_EQ(format_size(1024), "1024 bytes");

@@ -36,6 +36,7 @@ class CudaBackend final : public backend::Backend {
   std::vector<std::string> rank_environment(const Options& options) const override;
   // The CUDA caching allocator's figures, from the runtime module.
   MemoryStats memory_stats(int device_index) const override;
+  void reset_peak_memory_stats(int device_index) const override;
   // NCCL, made by the runtime module.
   const backend::ProcessGroupFactory& process_groups() const override;
 };

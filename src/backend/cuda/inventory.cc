@@ -103,6 +103,7 @@ struct RuntimeModule {
   void (*make_process_group)(const backend::ProcessGroupRequest*,
                              c10::intrusive_ptr<c10d::Backend>*) = nullptr;
   void (*memory_stats)(int, c10::CachingDeviceAllocator::DeviceStats*) = nullptr;
+  void (*reset_peak_memory_stats)(int) = nullptr;
 };
 
 // The module's path beside the binary or library this code is part of (the Python
@@ -138,7 +139,10 @@ const RuntimeModule& runtime_module() {
         dlsym(handle, "sgpu_cuda_make_process_group"));
     m.memory_stats =
         reinterpret_cast<decltype(m.memory_stats)>(dlsym(handle, "sgpu_cuda_memory_stats"));
-    if (m.bind == nullptr || m.make_process_group == nullptr || m.memory_stats == nullptr) {
+    m.reset_peak_memory_stats = reinterpret_cast<decltype(m.reset_peak_memory_stats)>(
+        dlsym(handle, "sgpu_cuda_reset_peak_memory_stats"));
+    if (m.bind == nullptr || m.make_process_group == nullptr || m.memory_stats == nullptr ||
+        m.reset_peak_memory_stats == nullptr) {
       throw std::runtime_error("sgpu: " + path + " is not sgpu's CUDA runtime module");
     }
     return m;
@@ -160,6 +164,10 @@ std::vector<std::string> CudaBackend::rank_environment(const Options& options) c
                       " is not a fraction above 0 and at most 1 of each GPU's memory");
   }
   return {};
+}
+
+void CudaBackend::reset_peak_memory_stats(int device_index) const {
+  runtime_module().reset_peak_memory_stats(device_index);
 }
 
 MemoryStats CudaBackend::memory_stats(int device_index) const {

@@ -27,6 +27,11 @@ void sgpu_cuda_memory_stats(int device, c10::CachingDeviceAllocator::DeviceStats
   *out = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
 }
 
+// The CUDA caching allocator's peaks for `device` start again from their current values.
+void sgpu_cuda_reset_peak_memory_stats(int device) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
 // An NCCL process group for the request, stored into *out.
 void sgpu_cuda_make_process_group(const sgpu::backend::ProcessGroupRequest* request,
                                   c10::intrusive_ptr<c10d::Backend>* out) {
