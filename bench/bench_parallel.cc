@@ -11,8 +11,17 @@
 //                1 - (step - local) / (step_one_bucket - local), where step_one_bucket
 //                puts every gradient in one bucket, which cannot start before backward
 //                ends.
+//   peak_mib     the largest rank's peak of allocated device memory under the strategy
+//                (NOTE [Simulated device memory]; the bare step's is left out): the
+//                same run after run
+//
+// With SGPU_BENCH_MEMORY=both each row runs twice, the simulated devices counting memory
+// (the default) and not (SGPU_SIM_MEMORY=off), the two calls taking turns to go first, and
+// adds step_uncounted_ms and vs_uncounted = step_ms / step_uncounted_ms: what counting
+// costs a training step.
 //
 //   SGPU_BACKEND=sim build/bin/bench_parallel
+//   SGPU_BENCH_MEMORY=both build/bin/bench_parallel --benchmark_filter=ddp
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
@@ -22,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -50,9 +60,10 @@ struct Config {
 struct Timing {
   double local_ms = 0;
   double step_ms = 0;
+  std::int64_t peak_bytes = 0;  // allocated device memory; 0 when not counted
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(local_ms, step_ms);
+    ar(local_ms, step_ms, peak_bytes);
   }
 };
 
@@ -98,6 +109,7 @@ Timing time_steps(Config config) {
       optimizer.step();
     });
   }
+  sgpu::reset_peak_memory_stats();  // peak_mib: the strategy's, not the bare step's
   auto model = make_model(config.wide);
   if (config.strategy == "ddp" || config.strategy == "ddp_one_bucket") {
     sgpu::parallel::DdpOptions options;
@@ -131,6 +143,10 @@ Timing time_steps(Config config) {
       zero.step();
     });
   }
+  const sgpu::MemoryStats memory = sgpu::memory_stats();
+  if (const auto peak = memory.find("allocated_bytes.all.peak"); peak != memory.end()) {
+    timing.peak_bytes = peak->second;
+  }
   return timing;
 }
 
@@ -144,20 +160,43 @@ Timing run(bool wide, const std::string& strategy, int ranks) {
   for (const Timing& t : sgpu::distributed(time_steps, options).distributed(config)) {
     slowest.local_ms = std::max(slowest.local_ms, t.local_ms);
     slowest.step_ms = std::max(slowest.step_ms, t.step_ms);
+    slowest.peak_bytes = std::max(slowest.peak_bytes, t.peak_bytes);
   }
   return slowest;
 }
 
+// The same with the simulated devices counting no memory.
+Timing run_uncounted(bool wide, const std::string& strategy, int ranks) {
+  ::setenv("SGPU_SIM_MEMORY", "off", 1);
+  const Timing timing = run(wide, strategy, ranks);
+  ::unsetenv("SGPU_SIM_MEMORY");
+  return timing;
+}
+
+bool memory_both() {
+  const char* value = std::getenv("SGPU_BENCH_MEMORY");
+  return value != nullptr && std::string(value) == "both";
+}
+
 void BM_Step(benchmark::State& state, bool wide, std::string strategy) {
   const int ranks = static_cast<int>(state.range(0));
-  Timing timing;
+  static int row = 0;
+  const bool uncounted_first = row++ % 2 == 1;
+  Timing timing, uncounted;
   for (auto _ : state) {
+    if (memory_both() && uncounted_first) uncounted = run_uncounted(wide, strategy, ranks);
     timing = run(wide, strategy, ranks);
+    if (memory_both() && !uncounted_first) uncounted = run_uncounted(wide, strategy, ranks);
     state.SetIterationTime(timing.step_ms / 1e3);
   }
   state.counters["step_ms"] = timing.step_ms;
   state.counters["local_ms"] = timing.local_ms;
   state.counters["x_local"] = timing.step_ms / timing.local_ms;
+  state.counters["peak_mib"] = static_cast<double>(timing.peak_bytes) / (1 << 20);
+  if (memory_both()) {
+    state.counters["step_uncounted_ms"] = uncounted.step_ms;
+    state.counters["vs_uncounted"] = timing.step_ms / uncounted.step_ms;
+  }
   if (strategy == "ddp") {
     const Timing one = run(wide, "ddp_one_bucket", ranks);
     state.counters["step_one_bucket_ms"] = one.step_ms;
