@@ -35,6 +35,7 @@
 #include "launcher/rank_main.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
+#include "sgpu/comm.h"
 #include "sgpu/errors.h"
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
@@ -202,6 +203,31 @@ class PyCall {
   std::vector<sgpu::MemoryStats> memory_stats() {
     py::gil_scoped_release release;
     return call_->memory_stats();
+  }
+  // Each rank's collectives: {group: {op: {"count", "bytes", "seconds"}}}; waits as above.
+  py::list comm_stats() {
+    const std::vector<sgpu::CommStats>* ranks = nullptr;
+    {
+      py::gil_scoped_release release;
+      ranks = &call_->comm_stats();
+    }
+    py::list out;
+    for (const sgpu::CommStats& rank : *ranks) {
+      py::dict groups;
+      for (const auto& [group, ops] : rank.groups) {
+        py::dict by_op;
+        for (const auto& [op, t] : ops) {
+          py::dict totals;
+          totals["count"] = t.count;
+          totals["bytes"] = t.bytes;
+          totals["seconds"] = t.seconds;
+          by_op[py::str(op)] = totals;
+        }
+        groups[py::str(group)] = by_op;
+      }
+      out.append(groups);
+    }
+    return out;
   }
   void cancel() { call_->cancel(); }
   std::string run_dir() const { return call_->run_dir().string(); }
@@ -379,6 +405,7 @@ PYBIND11_MODULE(_native, m) {
       .def("results", &PyCall::results)
       .def("cancel", &PyCall::cancel)
       .def("memory_stats", &PyCall::memory_stats)
+      .def("comm_stats", &PyCall::comm_stats)
       .def("results_taken", &PyCall::results_taken)
       .def("raise_bad_result", &PyCall::raise_bad_result)
       .def_property_readonly("run_dir", &PyCall::run_dir)

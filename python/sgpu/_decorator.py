@@ -265,6 +265,15 @@ class Handle:
             self._wait(timeout)
         return [dict(stats) for stats in self._call.memory_stats()]
 
+    def comm_stats(self, timeout: Optional[float] = None) -> list:
+        """Each rank's collectives in rank order, once the call is done, whether it succeeded or
+        failed: {group: {op: {"count", "bytes", "seconds"}}}, bytes in nccl-tests' terms (an
+        all-reduce's buffer, an all-gather's whole output, a reduce-scatter's whole input).
+        Waits as result() does, without raising the call's error."""
+        if self._outcome is None:
+            self._wait(timeout)
+        return list(self._call.comm_stats())
+
     def _wait(self, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

@@ -42,7 +42,10 @@ void add_inputs(OpCall& call, const std::vector<at::Tensor>& tensors) {
 }
 
 void add_outputs(OpCall& call, const std::vector<at::Tensor>& tensors) {
-  for (const at::Tensor& t : tensors) add(call, t, call.numel_out);
+  for (const at::Tensor& t : tensors) {
+    add(call, t, call.numel_out);
+    if (t.defined()) call.bytes_out += static_cast<std::int64_t>(t.nbytes());
+  }
 }
 
 void add_inputs(OpCall& call, const std::vector<std::vector<at::Tensor>>& lists) {

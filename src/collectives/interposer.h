@@ -22,7 +22,8 @@ struct OpCall {
   int peer = -1;          // root, or a transfer's peer (group ranks)
   std::int64_t numel_in = 0;
   std::int64_t numel_out = 0;
-  std::int64_t bytes = 0;  // of the inputs
+  std::int64_t bytes = 0;      // of the inputs
+  std::int64_t bytes_out = 0;  // of the outputs
 };
 
 // "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum".

@@ -146,6 +146,7 @@ class RecordingBackend final : public InterposingBackend {
     entry.numel_in = call.numel_in;
     entry.numel_out = call.numel_out;
     entry.bytes = call.bytes;
+    entry.message_bytes = std::max(call.bytes, call.bytes_out);
     entry.entered_ns = now_ns();
     const std::uint64_t serial = ring_->begin(entry);
     c10::intrusive_ptr<c10d::Work> work;

@@ -16,7 +16,7 @@ namespace sgpu::contract {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'G', 'P', 'U', 'R', 'I', 'N', 'G'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 
 struct GroupSlot {
   std::int32_t size;
@@ -39,9 +39,11 @@ struct EntrySlot {
   std::int64_t numel_in;
   std::int64_t numel_out;
   std::int64_t bytes;
+  std::int64_t message_bytes;
   std::int64_t entered_ns;
   std::atomic<std::int64_t> ended_ns;
 };
+
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 void copy_name(char* to, std::size_t size, std::string_view from) {
@@ -56,6 +58,14 @@ std::string name_of(const char* from, std::size_t size) {
 
 }  // namespace
 
+struct CollectiveRing::TotalsSlot {
+  std::atomic<std::int64_t> count;
+  std::atomic<std::int64_t> bytes;
+  std::atomic<std::int64_t> ended;
+  std::atomic<std::int64_t> nanoseconds;
+};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
+
 struct CollectiveRing::Layout {
   char magic[8];
   std::uint32_t version;
@@ -67,6 +77,7 @@ struct CollectiveRing::Layout {
   std::atomic<std::uint64_t> next;  // entries claimed
   std::atomic<std::uint32_t> group_count;
   GroupSlot groups[kMaxGroups];
+  TotalsSlot totals[kMaxGroups][kCollectiveOps];
   EntrySlot entries[1];  // capacity of them
 };
 
@@ -212,9 +223,13 @@ std::uint64_t CollectiveRing::begin(const CollectiveEntry& entry) {
   slot.numel_in = entry.numel_in;
   slot.numel_out = entry.numel_out;
   slot.bytes = entry.bytes;
+  slot.message_bytes = entry.message_bytes;
   slot.entered_ns = entry.entered_ns;
   slot.ended_ns.store(0, std::memory_order_relaxed);
   slot.serial.store(index + 1, std::memory_order_release);
+  TotalsSlot& totals = totals_of(entry.group, entry.op);
+  totals.count.fetch_add(1, std::memory_order_relaxed);
+  totals.bytes.fetch_add(entry.message_bytes, std::memory_order_relaxed);
   return index + 1;
 }
 
@@ -226,11 +241,20 @@ void CollectiveRing::end(std::uint64_t serial, EntryState state) {
       static_cast<std::uint8_t>(EntryState::kInFlight)) {
     return;
   }
-  slot.ended_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count(),
-                      std::memory_order_relaxed);
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  slot.ended_ns.store(now, std::memory_order_relaxed);
   slot.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
+  TotalsSlot& totals = totals_of(slot.group, static_cast<CollectiveOp>(slot.op));
+  totals.ended.fetch_add(1, std::memory_order_relaxed);
+  totals.nanoseconds.fetch_add(std::max<std::int64_t>(now - slot.entered_ns, 0),
+                               std::memory_order_relaxed);
+}
+
+CollectiveRing::TotalsSlot& CollectiveRing::totals_of(std::uint32_t group, CollectiveOp op) {
+  const auto o = std::min<std::size_t>(static_cast<std::size_t>(op), kCollectiveOps - 1);
+  return layout_->totals[std::min(group, kMaxGroups - 1)][o];
 }
 
 std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& file) {
@@ -269,6 +293,14 @@ std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& fi
           std::clamp<std::int32_t>(slot.member_count, 0, CollectiveRing::kMaxMembers);
       group.members.assign(slot.members, slot.members + count);
       s.groups.push_back(std::move(group));
+      auto& totals = s.totals.emplace_back();
+      for (std::size_t op = 0; op < kCollectiveOps; ++op) {
+        const CollectiveRing::TotalsSlot& t = layout->totals[i][op];
+        totals[op].count = t.count.load(std::memory_order_relaxed);
+        totals[op].bytes = t.bytes.load(std::memory_order_relaxed);
+        totals[op].ended = t.ended.load(std::memory_order_relaxed);
+        totals[op].nanoseconds = t.nanoseconds.load(std::memory_order_relaxed);
+      }
     }
     s.written = layout->next.load(std::memory_order_acquire);
     const std::uint64_t first = s.written > s.capacity ? s.written - s.capacity : 0;
@@ -291,6 +323,7 @@ std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& fi
       e.numel_in = slot.numel_in;
       e.numel_out = slot.numel_out;
       e.bytes = slot.bytes;
+      e.message_bytes = slot.message_bytes;
       e.entered_ns = slot.entered_ns;
       std::atomic_thread_fence(std::memory_order_acquire);
       if (slot.serial.load(std::memory_order_relaxed) != before) continue;

@@ -15,8 +15,17 @@
 // Sequence numbers count per group, from 1: collectives and point-to-point transfers each
 // have their own count, as c10d's flight recorder keeps them. The collective number is the
 // one a fault plan's collective=K names.
+//
+// NOTE [Communication accounting]
+// Beside the ring, the file keeps totals per group and op that never wrap: how many the
+// rank entered, the bytes they moved in nccl-tests' terms (the message size, algbw's
+// numerator: the larger of a rank's input and output, so an all-reduce's buffer, an
+// all-gather's whole output, a reduce-scatter's whole input), and how many ended and the
+// time from entering to ending they took. They are counted as entries begin and end,
+// with no lock, so they are whole even for a rank that died.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -55,6 +64,9 @@ enum class CollectiveOp : std::uint8_t {
 std::string_view op_name(CollectiveOp op);
 bool is_point_to_point(CollectiveOp op);
 
+inline constexpr std::size_t kCollectiveOps =
+    static_cast<std::size_t>(CollectiveOp::kRecvAnySource) + 1;
+
 enum class EntryState : std::uint8_t { kInFlight, kCompleted, kFailed };
 std::string_view state_name(EntryState state);
 
@@ -71,9 +83,10 @@ struct CollectiveEntry {
                            // transfer (group ranks); -1 otherwise
   std::int64_t numel_in = 0;
   std::int64_t numel_out = 0;
-  std::int64_t bytes = 0;       // what the rank contributes
-  std::int64_t entered_ns = 0;  // wall clock
-  std::int64_t ended_ns = 0;    // 0 while in flight
+  std::int64_t bytes = 0;          // what the rank contributes
+  std::int64_t message_bytes = 0;  // nccl-tests' message size (NOTE [Communication accounting])
+  std::int64_t entered_ns = 0;     // wall clock
+  std::int64_t ended_ns = 0;       // 0 while in flight
 };
 
 // A process group of the rank, as the table in the file holds it.
@@ -84,6 +97,14 @@ struct RingGroup {
   std::vector<int> members;  // global ranks by group rank, when known
 };
 
+// One op's totals in one group (NOTE [Communication accounting]).
+struct OpTotals {
+  std::int64_t count = 0;  // entered
+  std::int64_t bytes = 0;  // message sizes, summed
+  std::int64_t ended = 0;
+  std::int64_t nanoseconds = 0;  // entering to ending, of those that ended
+};
+
 struct RingSnapshot {
   std::int32_t rank = 0;
   std::int32_t world_size = 0;
@@ -92,6 +113,8 @@ struct RingSnapshot {
   std::uint64_t written = 0;  // entries ever written; more than capacity: the oldest are gone
   std::vector<RingGroup> groups;
   std::vector<CollectiveEntry> entries;  // oldest first
+  // Per group (as `groups`), per op (indexed by CollectiveOp).
+  std::vector<std::array<OpTotals, kCollectiveOps>> totals;
 };
 
 // The writer, in the rank. Every method is thread-safe; begin() and end() take no lock.
@@ -115,10 +138,12 @@ class CollectiveRing {
 
   static constexpr std::uint32_t kMaxGroups = 64;
   static constexpr std::uint32_t kMaxMembers = 64;
-  struct Layout;  // the file's (collective_ring.cc)
+  struct Layout;      // the file's (collective_ring.cc)
+  struct TotalsSlot;  // one op's totals in one group, in the file
 
  private:
   CollectiveRing(void* base, std::size_t size);
+  TotalsSlot& totals_of(std::uint32_t group, CollectiveOp op);
   Layout* layout_;
   std::size_t size_;
   std::mutex groups_mutex_;

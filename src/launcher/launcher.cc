@@ -25,6 +25,7 @@
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "launcher/accounting.h"
 #include "launcher/failure_table.h"
 #include "launcher/flight_recorder.h"
 #include "launcher/fork_server.h"
@@ -228,6 +229,12 @@ class CallImpl final : public detail::Call {
     std::unique_lock lock(mutex_);
     finished_cv_.wait(lock, [this] { return finished_; });
     return memory_;
+  }
+
+  const std::vector<CommStats>& comm_stats() override {
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [this] { return finished_; });
+    return comm_;
   }
 
   bool wait_for(std::chrono::milliseconds limit) override {
@@ -812,13 +819,26 @@ class CallImpl final : public detail::Call {
       }
     }
     std::vector<MemoryStats> memory;
+    std::vector<CommStats> comm;
     for (const RankSlot& slot : slots_) {
       memory.push_back(serialize::read_memory_record(slot.folder.memory()).value_or(MemoryStats{}));
+      comm.push_back(comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
+    }
+    if (kind_ != CallKind::kProgram &&
+        (!options_.console_ranks || !options_.console_ranks->empty())) {
+      if (const std::string line = comm_summary(comm); !line.empty()) {
+        if (spec_.console) {
+          spec_.console(STDERR_FILENO, line);
+        } else {
+          std::cerr << line << std::flush;
+        }
+      }
     }
     {
       std::lock_guard lock(mutex_);
       results_ = std::move(results);
       memory_ = std::move(memory);
+      comm_ = std::move(comm);
       error_ = error;
       finished_ = true;
     }
@@ -852,6 +872,7 @@ class CallImpl final : public detail::Call {
   bool finished_ = false;
   std::vector<std::string> results_;
   std::vector<MemoryStats> memory_;
+  std::vector<CommStats> comm_;
   std::exception_ptr error_;
 };
 

@@ -28,6 +28,7 @@
 #include "contract/abrupt_end.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
+#include "launcher/accounting.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
@@ -134,38 +135,41 @@ void install_guards() {
   contract::arm_stack_dump(env.rank_dir);  // NOTE [Stack dumps]
 }
 
+bool g_bound = false;  // the rank bound its device
+
+// The device's figures into rank-<N>/memory.json; its peaks and the rank's communication
+// totals (launcher/accounting.h) into the call's run, one point per rank: the step is the
+// rank.
+void record_rank_figures() {
+  if (!g_bound) return;
+  try {
+    const contract::RankEnvironment env = contract::read_rank_environment();
+    const contract::RankFolder folder{env.rank_dir};
+    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
+    if (!stats.empty()) serialize::write_memory_record(folder.memory(), stats);
+    std::map<std::string, double> metrics =
+        comm_metrics(comm_stats_of(contract::read_collective_ring(folder.collective_ring())));
+    for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
+      const auto peak = stats.find(std::string(name) + ".all.peak");
+      if (peak != stats.end()) {
+        metrics["sgpu.memory.peak_" + std::string(name)] = static_cast<double>(peak->second);
+      }
+    }
+    if (metrics.empty()) return;
+    if (tracking::RunLogger* logger = tracking::rank_logger())
+      logger->log_metrics(metrics, env.rank);
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: rank's memory and communication figures not recorded: " << e.what()
+              << std::endl;
+  }
+}
+
 // A rank ends once its record is written: output flushed, then _exit, as Python's
 // multiprocessing children end. Static destructors and atexit handlers do not run: in a
 // rank forked from the fork server they would copy-on-write much of libtorch's memory
 // (measured: 0.4 s per rank) for nothing, and both start methods must end alike.
-bool g_bound = false;  // the rank bound its device
-
-// The device's figures into rank-<N>/memory.json, and its peaks into the call's run
-// (one point per rank: the step is the rank).
-void record_memory() {
-  if (!g_bound) return;
-  try {
-    const contract::RankEnvironment env = contract::read_rank_environment();
-    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
-    if (stats.empty()) return;
-    serialize::write_memory_record(contract::RankFolder{env.rank_dir}.memory(), stats);
-    if (tracking::RunLogger* logger = tracking::rank_logger()) {
-      std::map<std::string, double> peaks;
-      for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
-        const auto peak = stats.find(std::string(name) + ".all.peak");
-        if (peak != stats.end()) {
-          peaks["sgpu.memory.peak_" + std::string(name)] = static_cast<double>(peak->second);
-        }
-      }
-      logger->log_metrics(peaks, env.rank);
-    }
-  } catch (const std::exception& e) {
-    std::cerr << "sgpu: rank's memory figures not recorded: " << e.what() << std::endl;
-  }
-}
-
 [[noreturn]] void end_rank(int code) {
-  record_memory();
+  record_rank_figures();
   tracking::close_rank_logger(kFlushOnExitLimit);
   std::cout.flush();
   std::cerr.flush();

@@ -102,6 +102,9 @@ class Launch {
   // the call finished, whether it succeeded or failed; a rank that left none has an empty
   // map. Blocks until the call finished.
   const std::vector<MemoryStats>& memory_stats() { return call_->memory_stats(); }
+  // Each rank's collectives per process group and op (sgpu/comm.h), in rank order, after
+  // the call finished, whether it succeeded or failed. Blocks until the call finished.
+  const std::vector<CommStats>& comm_stats() { return call_->comm_stats(); }
 
  private:
   std::shared_ptr<detail::Call> call_;

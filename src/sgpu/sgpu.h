@@ -6,6 +6,7 @@
 // ZeRO), <sgpu/checkpoint.h> and <sgpu/data.h>. Nothing under sgpu/internal/ is for users.
 #pragma once
 
+#include "sgpu/comm.h"
 #include "sgpu/distributed.h"
 #include "sgpu/errors.h"
 #include "sgpu/inventory.h"

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sgpu/comm.h"
 #include "sgpu/internal/call_record.h"
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
@@ -42,6 +43,9 @@ class Call {
   // Blocks until every rank finished; each rank's device memory figures at its end, in
   // rank order (empty for a rank that left none), whether the call succeeded or failed.
   virtual const std::vector<MemoryStats>& memory_stats() = 0;
+  // The same for each rank's collectives (sgpu/comm.h); empty for a rank that recorded
+  // none (Options::recorder_entries = 0 records none).
+  virtual const std::vector<CommStats>& comm_stats() = 0;
   // The caller decoded every result: the run folder is removed unless kept.
   virtual void results_taken() = 0;
   // Raises the DistributedError for a result that did not decode on the caller's side

@@ -1,0 +1,26 @@
+// A call's communication accounting (NOTE [Communication accounting]): each rank's totals
+// from its collective ring, as the caller reports them (Launch::comm_stats(), the line at
+// the end of a call) and as the rank logs them to the call's run.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "contract/collective_ring.h"
+#include "sgpu/comm.h"
+
+namespace sgpu::launcher {
+
+// The ring's totals per group and op; empty without a ring.
+CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring);
+
+// "sgpu: collectives (the most of any rank): all_reduce 1875 calls, 4.58 MiB, 0.41 s; ...\n";
+// "" when no rank made any.
+std::string comm_summary(const std::vector<CommStats>& ranks);
+
+// sgpu.comm.<op>.count, .bytes and .seconds, every group added up.
+std::map<std::string, double> comm_metrics(const CommStats& stats);
+
+}  // namespace sgpu::launcher

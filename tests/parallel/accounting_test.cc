@@ -1,0 +1,192 @@
+// Communication accounting (NOTE [Communication accounting]): a call's totals per rank,
+// group and op are the recorded collectives added up, and for the training strategies they
+// equal the theory exactly: DDP all-reduces every gradient once a step; FSDP all-gathers
+// every unit twice a step (forward, and again for backward) and reduce-scatters it once;
+// ZeRO-2 reduce-scatters and all-gathers the padded flat parameters once a step and
+// all-reduces the gradient norm. Any model shape, 2, 4 and 8 ranks, both transports.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "contract/collective_ring.h"
+#include "contract/run_folder.h"
+#include "sgpu/parallel/ddp.h"
+#include "sgpu/parallel/fsdp.h"
+#include "sgpu/parallel/zero.h"
+#include "sgpu/process_group.h"
+#include "sgpu/sgpu.h"
+
+namespace {
+
+namespace F = torch::nn::functional;
+
+struct Shape {
+  std::int64_t in = 1, hidden = 1, out = 1;
+  int steps = 1;
+  std::string strategy;  // ddp, fsdp, zero2
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(in, hidden, out, steps, strategy);
+  }
+  std::int64_t first() const { return in * hidden + hidden; }  // Linear(in, hidden)
+  std::int64_t second() const { return hidden * out + out; }   // Linear(hidden, out)
+};
+
+int train(Shape shape) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(shape.in, shape.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(shape.hidden, shape.out));
+  torch::manual_seed(11 + sgpu::global_rank());
+  const at::Tensor x = torch::randn({4, shape.in}), y = torch::randn({4, shape.out});
+  if (shape.strategy == "ddp") {
+    sgpu::parallel::DistributedDataParallel ddp(model);
+    torch::optim::SGD sgd(ddp.parameters(), 0.1);
+    for (int s = 0; s < shape.steps; ++s) {
+      sgd.zero_grad();
+      F::mse_loss(ddp.forward(x), y).backward();
+      sgd.step();
+    }
+  } else if (shape.strategy == "fsdp") {
+    sgpu::parallel::FullyShardedDataParallel fsdp(model);
+    torch::optim::SGD sgd(fsdp.parameters(), 0.1);
+    for (int s = 0; s < shape.steps; ++s) {
+      sgd.zero_grad();
+      F::mse_loss(fsdp.forward(x), y).backward();
+      sgd.step();
+    }
+  } else {
+    sgpu::parallel::ZeroOptimizer zero(
+        model->parameters(),
+        sgpu::parallel::ZeroConfig::parse(
+            R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2},
+                "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})"));
+    for (int s = 0; s < shape.steps; ++s) {
+      zero.backward(F::mse_loss(model->forward(x), y));
+      zero.step();
+    }
+  }
+  return 0;
+}
+
+std::int64_t padded(std::int64_t n, int world) { return (n + world - 1) / world * world; }
+
+sgpu::CollectiveTotals of(const std::map<std::string, sgpu::CollectiveTotals>& ops,
+                          const std::string& op) {
+  const auto it = ops.find(op);
+  return it == ops.end() ? sgpu::CollectiveTotals{} : it->second;
+}
+
+RC_GTEST_PROP(Accounting, EqualsTheRecordedCollectivesAndTheStrategysTheory, ()) {
+  const int world = *rc::gen::element(2, 4, 8);
+  Shape shape;
+  shape.in = *rc::gen::inRange<std::int64_t>(1, 40);
+  shape.hidden = *rc::gen::inRange<std::int64_t>(1, 40);
+  shape.out = *rc::gen::inRange<std::int64_t>(1, 10);
+  shape.steps = *rc::gen::inRange(1, 4);
+  shape.strategy = *rc::gen::element<std::string>("ddp", "fsdp", "zero2");
+  RC_TAG(shape.strategy, world);
+  sgpu::Options o;
+  o.gpus = world;
+  o.backend = "sim";
+  o.keep_run_dir = true;
+  o.tracking = false;
+  o.console_ranks = std::vector<int>{};
+  auto launch = sgpu::distributed(train, o).launch(shape);
+  launch.wait();
+  const auto& comm = launch.comm_stats();
+  RC_ASSERT(comm.size() == static_cast<std::size_t>(world));
+
+  const std::int64_t params = shape.first() + shape.second();
+  const std::int64_t f = sizeof(float);
+  const std::int64_t steps = shape.steps;
+  for (int rank = 0; rank < world; ++rank) {
+    const sgpu::CommStats& stats = comm[static_cast<std::size_t>(rank)];
+    // The totals are the ring's entries added up (the ring holds every one here).
+    const auto ring = sgpu::contract::read_collective_ring(
+        sgpu::contract::RunFolder{launch.run_dir()}.rank(rank).collective_ring());
+    RC_ASSERT(ring.has_value());
+    RC_ASSERT(ring->written <= ring->capacity);
+    std::map<std::string, sgpu::CollectiveTotals> summed;
+    for (const auto& e : ring->entries) {
+      sgpu::CollectiveTotals& t = summed[std::string(sgpu::contract::op_name(e.op))];
+      t.count += 1;
+      t.bytes += e.message_bytes;
+      t.seconds += static_cast<double>(e.ended_ns - e.entered_ns) / 1e9;
+    }
+    const auto by_op = stats.by_op();
+    RC_ASSERT(by_op.size() == summed.size());
+    for (const auto& [op, t] : summed) {
+      RC_ASSERT(of(by_op, op).count == t.count);
+      RC_ASSERT(of(by_op, op).bytes == t.bytes);
+      RC_ASSERT(std::abs(of(by_op, op).seconds - t.seconds) <= 1e-6 + 1e-9 * t.count);
+    }
+    RC_ASSERT(stats.groups.size() == 1u);
+    RC_ASSERT(stats.groups.count("world") == 1u);
+
+    // The theory, in nccl-tests' message sizes.
+    if (shape.strategy == "ddp") {
+      // Rank 0's parameters among what it broadcasts first (with DDP's checks of them).
+      RC_ASSERT(of(by_op, "broadcast").bytes >= params * f);
+      RC_ASSERT(of(by_op, "all_reduce").bytes == steps * params * f);
+      RC_ASSERT(of(by_op, "all_reduce").count >= steps);
+    } else if (shape.strategy == "fsdp") {
+      const std::int64_t units = padded(shape.first(), world) + padded(shape.second(), world);
+      RC_ASSERT(of(by_op, "broadcast").bytes >= params * f);
+      RC_ASSERT(of(by_op, "reduce_scatter_tensor").count == 2 * steps);
+      RC_ASSERT(of(by_op, "reduce_scatter_tensor").bytes == steps * units * f);
+      RC_ASSERT(of(by_op, "all_gather_into_tensor").count == 2 * 2 * steps);
+      RC_ASSERT(of(by_op, "all_gather_into_tensor").bytes == 2 * steps * units * f);
+    } else {
+      const std::int64_t flat = padded(params, world);
+      RC_ASSERT(of(by_op, "reduce_scatter_tensor").count == steps);
+      RC_ASSERT(of(by_op, "reduce_scatter_tensor").bytes == steps * flat * f);
+      RC_ASSERT(of(by_op, "all_gather_into_tensor").count == steps);
+      RC_ASSERT(of(by_op, "all_gather_into_tensor").bytes == steps * flat * f);
+      RC_ASSERT(of(by_op, "all_reduce").count == steps);  // the gradient norm, a double
+      RC_ASSERT(of(by_op, "all_reduce").bytes == steps * 8);
+    }
+    // Every rank of these strategies makes the same collectives.
+    for (const auto& [op, t] : by_op) {
+      RC_ASSERT(t.count == of(comm[0].by_op(), op).count);
+      RC_ASSERT(t.bytes == of(comm[0].by_op(), op).bytes);
+    }
+  }
+  std::filesystem::remove_all(launch.run_dir());
+}
+
+// A failed call's accounting is still there: what the ranks made before it failed.
+int reduce_then_throw(int times) {
+  auto& pg = sgpu::process_group();
+  for (int i = 0; i < times; ++i) {
+    std::vector<at::Tensor> t{at::ones({250})};
+    pg.allreduce(t)->wait();
+  }
+  if (sgpu::global_rank() == 1) throw std::runtime_error("after the collectives");
+  return 0;
+}
+
+TEST(Accounting, AFailedCallStillHasIt) {
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.tracking = false;
+  o.console_ranks = std::vector<int>{};
+  auto launch = sgpu::distributed(reduce_then_throw, o).launch(3);
+  EXPECT_THROW(launch.wait(), sgpu::DistributedError);
+  for (const sgpu::CommStats& rank : launch.comm_stats()) {
+    const sgpu::CollectiveTotals t = rank.groups.at("world").at("all_reduce");
+    EXPECT_EQ(t.count, 3);
+    EXPECT_EQ(t.bytes, 3 * 250 * 4);
+    EXPECT_GE(t.seconds, 0.0);
+  }
+}
+
+}  // namespace
