@@ -1,7 +1,7 @@
 # Installing sgpu: libraries, headers, the CMake package (find_package(sgpu)) and a .deb.
 include(CMakePackageConfigHelpers)
 
-set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_collectives sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
+set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_model sgpu_collectives sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
   sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
 if(SGPU_WITH_CUDA)
   list(APPEND _sgpu_exported sgpu_backend_cuda)
@@ -29,6 +29,9 @@ if(SGPU_WITH_CUDA)
   install(TARGETS sgpu_cuda_runtime LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(TARGETS sgpu_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The collective model's platform files, read at run time (model/platform.h).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/model/platforms/ DESTINATION ${CMAKE_INSTALL_DATADIR}/sgpu/platforms
+  FILES_MATCHING PATTERN "*.json")
 # The public headers, and only they: include/sgpu/ is all a consumer gets at the include
 # root. Public headers include nothing outside sgpu/ (ci/check-architecture).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/sgpu DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

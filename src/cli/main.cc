@@ -3,6 +3,7 @@
 //   sgpu run [options] -- PROGRAM ARGS...   PROGRAM on N ranks, as torchrun would start it
 //   sgpu bench collectives [options]        collective throughput (bench_collectives)
 //   sgpu tracking sync [--log-dir D]        send runs left pending when a store was down
+//   sgpu model list|predict|validate|fit    the collective model's platforms (model_command.h)
 //
 // Exit status of `sgpu run`: 0 when every rank succeeded; else the root-cause rank's exit
 // code, or 128+signal when a signal killed it; 124 on timeout or hang; 3 for an accelerator
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "cli/model_command.h"
 #include "contract/front_end.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
@@ -138,7 +140,8 @@ int main(int argc, char** argv) {
       "  sgpu info\n"
       "  sgpu run --gpus 8 --gpu-type H100 -- python train.py --epochs 3\n"
       "  sgpu run --gpus 4 --backend sim --timeout 600 -- ./my_benchmark\n"
-      "  sgpu bench collectives --gpus 8 --ops allreduce --max-bytes 1G");
+      "  sgpu bench collectives --gpus 8 --ops allreduce --max-bytes 1G\n"
+      "  sgpu model validate h100-nvswitch");
 
   app.add_subcommand("info", "Show the backends built in, the GPUs they see, and versions");
 
@@ -215,6 +218,8 @@ int main(int argc, char** argv) {
       "--log-dir", sync_dir,
       "Runs folder to look in (default: SGPU_RUNS_DIR, else $TMPDIR/sgpu-UID/runs)");
 
+  const auto run_model = sgpu::cli::add_model_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -223,6 +228,7 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (app.got_subcommand("info")) return info();
+  if (app.got_subcommand("model")) return run_model();
   if (app.got_subcommand("tracking")) {
     sgpu::Options where;
     where.runs_dir = sync_dir;

@@ -6,20 +6,24 @@
 //   1 error records: rank-N/error.json and torchrun's error file        (never throws)
 //   2 fault plans                                                       ConfigError
 //   3 node specs                                                        ConfigError
-//   4 timeouts as the command line gives them                           invalid_argument,
+//   4 timeouts as the command line gives them, message sizes            invalid_argument,
 //                                                                       out_of_range
 //   5 the checkpoint manifest                                           CheckpointError
 //   6 the tracking spool                                                (never throws)
+//   7 the collective model's platform files; what parses predicts a      ConfigError
+//     finite time >= 0 and writes JSON that reads back the same
 // Built and run by tests/fuzz/fuzz_decoders.sh with clang; seeds in tests/fuzz/corpus/.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "model/platform.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
 #include "sgpu/checkpoint/manifest.h"
@@ -64,12 +68,32 @@ void records(const std::string& bytes) {
   }
 }
 
+void platform(const std::string& text) {
+  using sgpu::model::Collective;
+  sgpu::model::Platform p;
+  try {
+    p = sgpu::model::parse_platform(text, "fuzz-input");
+  } catch (const sgpu::ConfigError&) {
+    return;
+  }
+  const sgpu::model::Platform again =
+      sgpu::model::parse_platform(sgpu::model::platform_json(p), "again");
+  for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kSendRecv}) {
+    for (std::int64_t bytes :
+         {std::int64_t{0}, std::int64_t{4}, std::int64_t{3} << 20, std::int64_t{1} << 34}) {
+      const double seconds = sgpu::model::predict(p, c, bytes, 8).seconds;
+      if (!std::isfinite(seconds) || seconds < 0) std::abort();
+      if (sgpu::model::predict(again, c, bytes, 8).seconds != seconds) std::abort();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 7) {
+  switch (data[0] % 8) {
     case 0:
       records(input);
       break;
@@ -97,6 +121,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       } catch (const std::invalid_argument&) {
       } catch (const std::out_of_range&) {
       }
+      try {
+        if (sgpu::model::parse_message_size(input) < 0) std::abort();
+      } catch (const std::invalid_argument&) {
+      }
       break;
     case 5:
       try {
@@ -109,6 +137,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)sgpu::tracking::read_spool(file.path());
       break;
     }
+    case 7:
+      platform(input);
+      break;
   }
   return 0;
 }

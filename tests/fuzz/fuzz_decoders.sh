@@ -16,7 +16,7 @@ sources=(
   sim/faults.cc sim/node_spec.cc src/backend/gpu_type.cc
   src/sgpu/checkpoint/manifest.cc src/sgpu/checkpoint/safetensors.cc
   src/tracking/spool.cc src/tracking/log_batch.cc src/tracking/run_model.cc
-  src/tracking/validation.cc
+  src/tracking/validation.cc src/model/platform.cc src/contract/rank_env.cc
 )
 paths=("${sources[@]/#/$src/}")
 stale() {
@@ -27,6 +27,7 @@ stale() {
 if stale; then
   "${CXX:-clang++}" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src/src" -I"$src" \
+    -DSGPU_PLATFORM_SOURCE_DIR="\"$src/src/model/platforms\"" -DSGPU_PLATFORM_INSTALL_DIR="\"/nonexistent\"" \
     -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" "${paths[@]}" \
     -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -lz -o "$binary.new"
   mv "$binary.new" "$binary"

@@ -1,0 +1,531 @@
+#include "model/platform.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "sgpu/errors.h"
+
+namespace sgpu::model {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::pair<Collective, std::string_view> kNames[] = {
+    {Collective::kAllReduce, "all_reduce"},
+    {Collective::kAllGather, "all_gather"},
+    {Collective::kReduceScatter, "reduce_scatter"},
+    {Collective::kBroadcast, "broadcast"},
+    {Collective::kReduce, "reduce"},
+    {Collective::kAllToAll, "all_to_all"},
+    {Collective::kSendRecv, "send_recv"},
+};
+
+[[noreturn]] void bad(const std::string& origin, const std::string& what) {
+  throw ConfigError("platform file " + origin + ": " + what);
+}
+
+double efficiency(const std::vector<std::pair<double, double>>& curve, double bytes) {
+  if (curve.empty()) return 1.0;
+  if (bytes <= curve.front().first) return curve.front().second;
+  if (bytes >= curve.back().first) return curve.back().second;
+  const auto hi = std::upper_bound(curve.begin(), curve.end(), bytes,
+                                   [](double b, const auto& point) { return b < point.first; });
+  const auto lo = hi - 1;
+  const double x =
+      (std::log(bytes) - std::log(lo->first)) / (std::log(hi->first) - std::log(lo->first));
+  return lo->second + (hi->second - lo->second) * x;
+}
+
+// The steps a ring takes: its latency is paid once per step.
+int ring_steps(Collective c, int ranks) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return 2 * (ranks - 1);
+    case Collective::kSendRecv:
+      return 1;
+    default:
+      return ranks - 1;
+  }
+}
+
+double number(const json& j, const char* key, const std::string& where, const std::string& origin,
+              bool required = true) {
+  if (!j.contains(key)) {
+    if (required) bad(origin, where + " has no \"" + key + "\"");
+    return 0;
+  }
+  if (!j[key].is_number()) bad(origin, where + ": \"" + key + "\" is not a number");
+  const double v = j[key].get<double>();
+  if (!std::isfinite(v) || v < 0 || v > 1e7) {
+    bad(origin, where + ": \"" + key + "\" is " + j[key].dump() + ", not a number from 0 to 1e7");
+  }
+  return v;
+}
+
+std::vector<std::pair<double, double>> parse_curve(const json& j, const std::string& where,
+                                                   const std::string& origin) {
+  if (!j.is_array() || j.empty()) bad(origin, where + " is not a list of [bytes, fraction] points");
+  std::vector<std::pair<double, double>> curve;
+  for (const json& p : j) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number())
+      bad(origin, where + ": " + p.dump() + " is not a [bytes, fraction] point");
+    const double bytes = p[0].get<double>(), fraction = p[1].get<double>();
+    if (!(bytes > 0) || !(bytes < 1e18) || !(fraction >= 1e-9) || fraction > 1.5)
+      bad(origin,
+          where + ": " + p.dump() + " needs bytes in (0, 1e18) and a fraction in [1e-9, 1.5]");
+    if (!curve.empty() && bytes <= curve.back().first)
+      bad(origin, where + ": the points' sizes must ascend (" + p.dump() + ")");
+    curve.emplace_back(bytes, fraction);
+  }
+  return curve;
+}
+
+Algorithm parse_algorithm(
+    const json& j, const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
+    const std::string& where, const std::string& origin) {
+  if (!j.is_object()) bad(origin, where + " is not an object");
+  Algorithm a;
+  a.name = j.value("name", "");
+  if (a.name.empty()) bad(origin, where + " has no \"name\"");
+  const std::string at = where + " (" + a.name + ")";
+  a.base_latency_us = number(j, "base_latency_us", at, origin);
+  a.hop_latency_us = number(j, "hop_latency_us", at, origin, false);
+  a.bus_bandwidth_gbps = number(j, "bus_bandwidth_gbps", at, origin);
+  if (!(a.bus_bandwidth_gbps >= 1e-9))
+    bad(origin, at + ": \"bus_bandwidth_gbps\" must be at least 1e-9");
+  const std::string steps = j.value("steps", "ring");
+  if (steps != "ring" && steps != "one")
+    bad(origin, at + ": \"steps\" is \"" + steps + "\", not \"ring\" or \"one\"");
+  a.one_hop = steps == "one";
+  if (j.contains("efficiency")) {
+    if (j["efficiency"].is_string()) {
+      a.curve = j["efficiency"].get<std::string>();
+      const auto it = curves.find(a.curve);
+      if (it == curves.end()) bad(origin, at + ": no curve \"" + a.curve + "\" in \"curves\"");
+      a.efficiency = it->second;
+    } else {
+      a.efficiency = parse_curve(j["efficiency"], at + ": \"efficiency\"", origin);
+    }
+  }
+  return a;
+}
+
+std::vector<Algorithm> parse_algorithms(
+    const json& j, const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
+    const std::string& where, const std::string& origin) {
+  if (!j.is_array() || j.empty()) bad(origin, where + " is not a list of algorithms");
+  std::vector<Algorithm> out;
+  for (std::size_t i = 0; i < j.size(); ++i)
+    out.push_back(parse_algorithm(j[i], curves, where + "[" + std::to_string(i) + "]", origin));
+  return out;
+}
+
+json curve_json(const std::vector<std::pair<double, double>>& curve) {
+  json out = json::array();
+  for (const auto& [bytes, fraction] : curve) out.push_back({bytes, fraction});
+  return out;
+}
+
+json algorithm_json(const Algorithm& a,
+                    const std::map<std::string, std::vector<std::pair<double, double>>>& curves) {
+  json j = {{"name", a.name},
+            {"base_latency_us", a.base_latency_us},
+            {"hop_latency_us", a.hop_latency_us},
+            {"steps", a.one_hop ? "one" : "ring"},
+            {"bus_bandwidth_gbps", a.bus_bandwidth_gbps}};
+  if (!a.curve.empty() && curves.contains(a.curve)) {
+    j["efficiency"] = a.curve;
+  } else if (!a.efficiency.empty()) {
+    j["efficiency"] = curve_json(a.efficiency);
+  }
+  return j;
+}
+
+std::filesystem::path file_for(std::string_view name) {
+  for (const std::string& dir : platform_path()) {
+    std::filesystem::path file = std::filesystem::path(dir) / (std::string(name) + ".json");
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(file, ec)) return file;
+  }
+  return {};
+}
+
+std::string read_file(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError("cannot read the platform file " + file.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+std::string_view collective_name(Collective c) {
+  for (const auto& [value, name] : kNames)
+    if (value == c) return name;
+  return "?";
+}
+
+std::optional<Collective> parse_collective(std::string_view name) {
+  for (const auto& [value, n] : kNames)
+    if (n == name) return value;
+  return std::nullopt;
+}
+
+std::optional<Collective> collective_of(std::string_view op) {
+  if (op == "barrier" || op.starts_with("all_reduce")) return Collective::kAllReduce;
+  if (op.starts_with("all_gather") || op == "gather" || op == "scatter")
+    return Collective::kAllGather;
+  if (op.starts_with("reduce_scatter")) return Collective::kReduceScatter;
+  if (op == "broadcast") return Collective::kBroadcast;
+  if (op == "reduce") return Collective::kReduce;
+  if (op.starts_with("all_to_all") || op == "alltoall" || op == "alltoall_base")
+    return Collective::kAllToAll;
+  if (op == "send" || op == "recv" || op == "recv_any_source") return Collective::kSendRecv;
+  return std::nullopt;
+}
+
+std::int64_t parse_message_size(std::string_view text) {
+  std::int64_t number = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  const std::string_view unit(end, static_cast<std::size_t>(text.data() + text.size() - end));
+  int shift = -1;
+  if (unit.empty()) shift = 0;
+  if (unit == "K" || unit == "k") shift = 10;
+  if (unit == "M" || unit == "m") shift = 20;
+  if (unit == "G" || unit == "g") shift = 30;
+  if (ec != std::errc() || end == text.data() || number < 0 || shift < 0 ||
+      number > (std::numeric_limits<std::int64_t>::max() >> shift)) {
+    throw std::invalid_argument("\"" + std::string(text) +
+                                "\" is not a size like 8, 4K, 64M or 1G");
+  }
+  return number << shift;
+}
+
+double bus_factor(Collective c, int ranks) {
+  if (ranks <= 1) return 1.0;
+  const double n = ranks;
+  switch (c) {
+    case Collective::kAllReduce:
+      return 2 * (n - 1) / n;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+      return (n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+
+const std::vector<Algorithm>& Platform::algorithms(Collective c) const {
+  for (const auto& [op, list] : ops)
+    if (op == c) return list;
+  return default_algorithms;
+}
+
+Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, int ranks) {
+  Prediction best;
+  if (ranks <= 1 || (bytes <= 0 && c == Collective::kSendRecv)) {
+    best.algorithm = "none";
+    return best;
+  }
+  const double size = static_cast<double>(std::max<std::int64_t>(bytes, 0));
+  best.seconds = std::numeric_limits<double>::infinity();
+  for (const Algorithm& a : platform.algorithms(c)) {
+    const int steps = a.one_hop ? 1 : ring_steps(c, ranks);
+    const double latency = (a.base_latency_us + steps * a.hop_latency_us) * 1e-6;
+    const double algbw = a.bus_bandwidth_gbps * 1e9 *
+                         efficiency(a.efficiency, std::max(size, 1.0)) / bus_factor(c, ranks);
+    const double seconds = latency + size / algbw;
+    if (seconds < best.seconds) {
+      best.seconds = seconds;
+      best.algorithm = a.name;
+    }
+  }
+  if (size > 0 && best.seconds > 0)
+    best.busbw_gbps = size / best.seconds / 1e9 * bus_factor(c, ranks);
+  return best;
+}
+
+Platform parse_platform(std::string_view text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(origin, std::string("not JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(origin, "not a JSON object");
+  Platform p;
+  p.origin = origin;
+  try {
+    p.name = j.value("name", "");
+    if (p.name.empty()) bad(origin, "no \"name\"");
+    p.description = j.value("description", "");
+    p.gpus = j.value("gpus", 0);
+    const json default_for = j.value("default_for", json::array());
+    for (const json& t : default_for) p.default_for.push_back(upper(t.get<std::string>()));
+    const json sources = j.value("sources", json::array());
+    for (const json& s : sources) p.sources.push_back(s.get<std::string>());
+    std::map<std::string, std::vector<std::pair<double, double>>> curves;
+    const json listed_curves = j.value("curves", json::object());
+    if (!listed_curves.is_object()) bad(origin, "\"curves\" is not an object of named curves");
+    for (const auto& [name, points] : listed_curves.items())
+      curves[name] = parse_curve(points, "curve \"" + name + "\"", origin);
+    if (!j.contains("ops") || !j["ops"].is_object()) bad(origin, "no \"ops\" object");
+    std::set<Collective> listed;
+    for (const auto& [op, list] : j["ops"].items()) {
+      if (op == "default") {
+        p.default_algorithms = parse_algorithms(list, curves, "ops.default", origin);
+        continue;
+      }
+      const auto c = parse_collective(op);
+      if (!c)
+        bad(origin, "\"ops\" names \"" + op +
+                        "\": not all_reduce, all_gather, reduce_scatter, "
+                        "broadcast, reduce, all_to_all, send_recv or default");
+      listed.insert(*c);
+      p.ops.emplace_back(*c, parse_algorithms(list, curves, "ops." + op, origin));
+    }
+    if (p.default_algorithms.empty() && listed.size() < std::size(kNames))
+      bad(origin, "\"ops\" lists neither every collective nor a \"default\"");
+    const json published = j.value("published", json::array());
+    for (const json& f : published) {
+      Published pub;
+      const auto c = parse_collective(f.value("op", ""));
+      if (!c) bad(origin, "a published figure names no known op: " + f.dump());
+      pub.op = *c;
+      pub.bytes = f.value("bytes", std::int64_t{0});
+      if (pub.bytes <= 0) bad(origin, "a published figure has no \"bytes\" above 0: " + f.dump());
+      pub.busbw_gbps = f.value("busbw_gbps", 0.0);
+      if (f.contains("time_us")) {
+        if (f["time_us"].is_array() && f["time_us"].size() == 2) {
+          pub.time_us_min = f["time_us"][0].get<double>();
+          pub.time_us_max = f["time_us"][1].get<double>();
+        } else {
+          pub.time_us_min = pub.time_us_max = f["time_us"].get<double>();
+        }
+      }
+      if ((pub.busbw_gbps > 0) == (pub.time_us_max > 0) || pub.time_us_min > pub.time_us_max)
+        bad(origin,
+            "a published figure needs one of busbw_gbps or time_us (a time or [min, max]): " +
+                f.dump());
+      pub.source = f.value("source", "");
+      pub.note = f.value("note", "");
+      pub.calibrated = f.value("calibrated", false);
+      p.published.push_back(std::move(pub));
+    }
+  } catch (const json::exception& e) {
+    bad(origin, std::string("a field has the wrong type: ") + e.what());
+  }
+  return p;
+}
+
+std::string platform_json(const Platform& p) {
+  std::map<std::string, std::vector<std::pair<double, double>>> curves;
+  auto collect = [&](const std::vector<Algorithm>& list) {
+    for (const Algorithm& a : list)
+      if (!a.curve.empty()) curves[a.curve] = a.efficiency;
+  };
+  collect(p.default_algorithms);
+  for (const auto& [op, list] : p.ops) collect(list);
+  json j = {{"name", p.name},
+            {"description", p.description},
+            {"gpus", p.gpus},
+            {"default_for", p.default_for},
+            {"sources", p.sources}};
+  json c = json::object();
+  for (const auto& [name, curve] : curves) c[name] = curve_json(curve);
+  j["curves"] = c;
+  json ops = json::object();
+  for (const auto& [op, list] : p.ops) {
+    json& entry = ops[std::string(collective_name(op))] = json::array();
+    for (const Algorithm& a : list) entry.push_back(algorithm_json(a, curves));
+  }
+  if (!p.default_algorithms.empty()) {
+    json& entry = ops["default"] = json::array();
+    for (const Algorithm& a : p.default_algorithms) entry.push_back(algorithm_json(a, curves));
+  }
+  j["ops"] = ops;
+  json published = json::array();
+  for (const Published& f : p.published) {
+    json row = {{"op", collective_name(f.op)}, {"bytes", f.bytes}, {"source", f.source}};
+    if (f.busbw_gbps > 0) row["busbw_gbps"] = f.busbw_gbps;
+    if (f.time_us_max > 0) {
+      row["time_us"] = f.time_us_min == f.time_us_max ? json(f.time_us_min)
+                                                      : json({f.time_us_min, f.time_us_max});
+    }
+    if (!f.note.empty()) row["note"] = f.note;
+    if (f.calibrated) row["calibrated"] = true;
+    published.push_back(row);
+  }
+  j["published"] = published;
+  return j.dump(2) + "\n";
+}
+
+std::vector<std::string> platform_path() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("SGPU_PLATFORM_PATH"); env && *env) {
+    std::string_view rest = env;
+    while (!rest.empty()) {
+      const auto colon = rest.find(':');
+      const std::string_view dir = rest.substr(0, colon);
+      if (!dir.empty()) dirs.emplace_back(dir);
+      if (colon == std::string_view::npos) break;
+      rest.remove_prefix(colon + 1);
+    }
+  }
+  dirs.emplace_back(SGPU_PLATFORM_SOURCE_DIR);
+  dirs.emplace_back(SGPU_PLATFORM_INSTALL_DIR);
+  return dirs;
+}
+
+Platform load_platform(std::string_view name_or_file) {
+  const std::string what(name_or_file);
+  std::filesystem::path file;
+  if (what.find('/') != std::string::npos || what.ends_with(".json")) {
+    file = what;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec)) throw ConfigError("no platform file " + what);
+  } else {
+    file = file_for(what);
+    if (file.empty()) {
+      std::string known;
+      for (const std::string& name : platform_names()) known += (known.empty() ? "" : ", ") + name;
+      throw ConfigError("no platform \"" + what + "\": the platforms are " +
+                        (known.empty() ? std::string("none") : known) +
+                        " (files <name>.json in SGPU_PLATFORM_PATH or " +
+                        SGPU_PLATFORM_INSTALL_DIR + "), or name a platform file by its path");
+    }
+  }
+  return parse_platform(read_file(file), file.string());
+}
+
+std::vector<std::string> platform_names() {
+  std::set<std::string> names;
+  for (const std::string& dir : platform_path()) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".json") names.insert(entry.path().stem().string());
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+std::optional<std::string> default_platform_for(std::string_view gpu_type) {
+  const std::string type = upper(gpu_type);
+  for (const std::string& name : platform_names()) {
+    const Platform p = load_platform(name);
+    if (std::find(p.default_for.begin(), p.default_for.end(), type) != p.default_for.end())
+      return name;
+  }
+  return std::nullopt;
+}
+
+std::vector<Check> validate(const Platform& platform) {
+  std::vector<Check> rows;
+  const int ranks = platform.gpus > 0 ? platform.gpus : 8;
+  for (const Published& f : platform.published) {
+    Check row;
+    row.published = f;
+    row.predicted = predict(platform, f.op, f.bytes, ranks);
+    const double predicted_us = row.predicted.seconds * 1e6;
+    if (f.busbw_gbps > 0) {
+      row.published_us =
+          static_cast<double>(f.bytes) * bus_factor(f.op, ranks) / (f.busbw_gbps * 1e9) * 1e6;
+      row.error = predicted_us / row.published_us - 1;
+    } else {
+      row.published_us = (f.time_us_min + f.time_us_max) / 2;
+      if (predicted_us < f.time_us_min) {
+        row.error = predicted_us / f.time_us_min - 1;
+      } else if (predicted_us > f.time_us_max) {
+        row.error = predicted_us / f.time_us_max - 1;
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Platform fit_platform(const Platform& base, const std::vector<Measurement>& measurements,
+                      const std::string& name) {
+  Platform out = base;
+  out.name = name;
+  out.origin.clear();
+  out.published.clear();
+  out.sources = {"fitted from bench_collectives timings by `sgpu model fit`"};
+  std::map<Collective, std::map<std::int64_t, Measurement>> by_op;  // the fastest per size
+  for (const Measurement& m : measurements) {
+    if (!(m.seconds > 0) || m.bytes <= 0 || m.ranks < 2) continue;
+    auto [it, fresh] = by_op[m.op].try_emplace(m.bytes, m);
+    if (!fresh && m.seconds < it->second.seconds) it->second = m;
+  }
+  if (by_op.empty())
+    throw ConfigError("no measurement to fit: every row had no time, no bytes or one rank");
+  for (const auto& entry : by_op) {
+    const Collective op = entry.first;
+    std::vector<Measurement> rows;
+    for (const auto& [bytes, m] : entry.second) rows.push_back(m);
+    const int ranks = rows.back().ranks;
+    for (const Measurement& m : rows)
+      if (m.ranks != ranks)
+        throw ConfigError("the " + std::string(collective_name(op)) + " timings mix world sizes (" +
+                          std::to_string(m.ranks) + " and " + std::to_string(ranks) +
+                          "): fit one at a time");
+    // The latency: where the line through the two smallest sizes meets zero bytes, kept
+    // below every measured time (a noisy run's larger message can be the faster) so that
+    // every measured size has some bandwidth and is reproduced.
+    double latency = 0;
+    if (rows.size() >= 2) {
+      const double t0 = rows[0].seconds, t1 = rows[1].seconds;
+      const double s0 = static_cast<double>(rows[0].bytes), s1 = static_cast<double>(rows[1].bytes);
+      latency = t0 - s0 * (t1 - t0) / (s1 - s0);
+    }
+    double fastest = rows[0].seconds;
+    for (const Measurement& m : rows) fastest = std::min(fastest, m.seconds);
+    latency = std::clamp(latency, 0.0, fastest * 0.999);
+    std::vector<std::pair<double, double>> busbw;  // beyond the latency
+    double peak = 0;
+    for (const Measurement& m : rows) {
+      const double beyond = m.seconds - latency;  // > 0: the latency is below every time
+      const double b = static_cast<double>(m.bytes) / beyond * bus_factor(op, ranks) / 1e9;
+      busbw.emplace_back(static_cast<double>(m.bytes), b);
+      peak = std::max(peak, b);
+    }
+    Algorithm fitted;
+    fitted.name = "fitted";
+    fitted.base_latency_us = latency * 1e6;
+    fitted.one_hop = true;
+    fitted.bus_bandwidth_gbps = peak;
+    // Held within what a platform file may say (a fraction of 1e-9 is a size a billion
+    // times slower than the fastest).
+    for (const auto& [bytes, b] : busbw)
+      fitted.efficiency.emplace_back(bytes, std::max(b / peak, 1e-9));
+    fitted.curve = "fitted_" + std::string(collective_name(op));
+    auto slot =
+        std::find_if(out.ops.begin(), out.ops.end(), [&](const auto& e) { return e.first == op; });
+    if (slot == out.ops.end()) {
+      out.ops.emplace_back(op, std::vector<Algorithm>{fitted});
+    } else {
+      slot->second = {fitted};
+    }
+  }
+  return out;
+}
+
+}  // namespace sgpu::model

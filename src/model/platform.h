@@ -1,0 +1,154 @@
+// NOTE [The collective model]
+// What a collective would take on a real node, predicted from a platform file: the
+// figures that CI runs without GPUs can hold a change to, beside the exact accounting of
+// what the collectives moved (NOTE [Communication accounting]).
+//
+// The model is NCCL's own (src/graph/tuning.cc): each op has candidate algorithms (ring,
+// NVLS) in protocols (LL, LL128, Simple), each with a latency and a bus bandwidth, and the
+// fastest one is taken. For a message of `bytes` on n ranks:
+//   latency = base + steps · per-hop latency   (steps: 2(n−1) for a ring all-reduce,
+//                                               n−1 for the other ring collectives,
+//                                               1 for an algorithm in one hop: NVLS)
+//   algbw   = bus bandwidth · efficiency(bytes) / bus factor(op, n)
+//   time    = latency + bytes / algbw
+// with nccl-tests' bus factors (2(n−1)/n for all-reduce, (n−1)/n for all-gather,
+// reduce-scatter and all-to-all, 1 for broadcast, reduce and transfers). The efficiency
+// curve is what NCCL's constants alone miss (its maintainers call the model "full of
+// empirical corrections", NVIDIA/nccl#535): the fraction of the bus bandwidth a message of
+// that size reaches beyond the latency, interpolated in log-size between the file's points
+// and held flat beyond them.
+//
+// A platform file (JSON, read at run time; src/model/platforms/ in the source tree,
+// share/sgpu/platforms installed, or any folder in SGPU_PLATFORM_PATH) holds:
+//   name, description, gpus, default_for   the GPU types whose node it is by default
+//   curves        named efficiency curves: [[bytes, fraction], ...], ascending
+//   ops           op -> [algorithm, ...]; "default" for the ops not listed. An algorithm:
+//                 {name, base_latency_us, hop_latency_us, steps: "ring" | "one",
+//                  bus_bandwidth_gbps, efficiency: a curve's name (none: 1.0)}
+//   published     figures measured on such a node, with their sources: {op, bytes,
+//                 busbw_gbps | time_us | [time_us_min, time_us_max], source, calibrated
+//                 (the figure the constants were set from, not an independent check)}
+//   sources       where the constants come from
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sgpu::model {
+
+// The collectives the model knows; every recorded op maps to one (collective_of).
+enum class Collective {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kSendRecv
+};
+
+std::string_view collective_name(Collective c);  // "all_reduce", ..., "send_recv"
+std::optional<Collective> parse_collective(std::string_view name);
+// A recorded op's name (contract::op_name: "all_gather_into_tensor", "barrier", "recv", ...)
+// as the collective NCCL runs for it. A barrier is NCCL's one-element all-reduce; gather
+// and scatter move what an all-gather does through their root.
+std::optional<Collective> collective_of(std::string_view op_name);
+
+// A message size as nccl-tests reads -b and -e: "8", "4K", "64M", "1G" (binary units).
+// Throws std::invalid_argument for anything else.
+std::int64_t parse_message_size(std::string_view text);
+
+// nccl-tests' bus factor: busbw = algbw · bus_factor.
+double bus_factor(Collective c, int ranks);
+
+struct Algorithm {
+  std::string name;  // "ring/Simple", "nvls/Simple", ...
+  double base_latency_us = 0;
+  double hop_latency_us = 0;
+  bool one_hop = false;  // steps "one": latency = base + one hop, whatever n
+  double bus_bandwidth_gbps = 0;
+  std::vector<std::pair<double, double>> efficiency;  // (bytes, fraction); empty: 1.0
+  std::string curve;                                  // the curve's name, "" for none
+};
+
+// A figure measured on a real node of the platform's kind.
+struct Published {
+  Collective op = Collective::kAllReduce;
+  std::int64_t bytes = 0;
+  double busbw_gbps = 0;                    // 0 when the source gives a time
+  double time_us_min = 0, time_us_max = 0;  // a time, or a range of times
+  std::string source;
+  std::string note;
+  bool calibrated = false;  // the constants were set from it
+};
+
+struct Platform {
+  std::string name;
+  std::string description;
+  int gpus = 0;
+  std::vector<std::string> default_for;  // GPU types, as gpu_type.h normalises them
+  std::vector<std::pair<Collective, std::vector<Algorithm>>> ops;
+  std::vector<Algorithm> default_algorithms;
+  std::vector<Published> published;
+  std::vector<std::string> sources;
+  std::string origin;  // the file it came from
+
+  const std::vector<Algorithm>& algorithms(Collective c) const;
+};
+
+struct Prediction {
+  double seconds = 0;
+  double busbw_gbps = 0;  // nccl-tests' bus bandwidth at that time
+  std::string algorithm;  // the fastest: "nvls/Simple"
+};
+
+// The fastest algorithm's time for a message of `bytes` (nccl-tests' message size) on
+// `ranks` ranks; zero seconds on one rank (NCCL copies locally) or for an empty message
+// of a transfer.
+Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, int ranks);
+
+// Throws ConfigError naming `origin` and what is wrong in it.
+Platform parse_platform(std::string_view json, const std::string& origin);
+std::string platform_json(const Platform& platform);  // what parse_platform reads back
+
+// The folders searched for platform files, in order: SGPU_PLATFORM_PATH's (':'), the
+// source tree's, the installed one.
+std::vector<std::string> platform_path();
+// A platform by name (a file <name>.json in the path) or by a path to a file (one with a
+// '/' or ending in .json). Throws ConfigError naming what it looked for and the platforms
+// there are.
+Platform load_platform(std::string_view name_or_file);
+// Every platform in the path, by name (the first of a name wins).
+std::vector<std::string> platform_names();
+// The platform whose default_for lists `gpu_type`; nullopt when none does.
+std::optional<std::string> default_platform_for(std::string_view gpu_type);
+
+// One row of a validation table: a published figure and the model's.
+struct Check {
+  Published published;
+  Prediction predicted;
+  double published_us = 0;  // the figure as a time (the range's middle for a range)
+  // predicted / published time - 1; 0 inside a published range, else to its nearer end.
+  double error = 0;
+};
+std::vector<Check> validate(const Platform& platform);
+
+// A timing of one collective on a real node (a bench_collectives row).
+struct Measurement {
+  Collective op = Collective::kAllReduce;
+  std::int64_t bytes = 0;
+  int ranks = 0;
+  double seconds = 0;
+};
+// A platform that reproduces the measurements: per op measured, one algorithm "fitted"
+// whose latency is the smallest message's time and whose efficiency curve passes through
+// every larger measured size; ops not measured keep `base`'s algorithms. Throws
+// ConfigError for an op with no usable measurement (a time of zero or less).
+Platform fit_platform(const Platform& base, const std::vector<Measurement>& measurements,
+                      const std::string& name);
+
+}  // namespace sgpu::model
