@@ -4,6 +4,8 @@
 #include <cstdint>
 
 #include "backend/gpu_type.h"
+#include "contract/rank_env.h"
+#include "model/platform.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::sim {
@@ -33,11 +35,16 @@ std::uint64_t parse_memory(std::string_view spec, std::string_view text) {
 
 }  // namespace
 
-backend::Inventory parse_node_spec(std::string_view spec) {
+backend::Inventory parse_node_spec(std::string_view full_spec) {
   backend::Inventory inventory;
-  inventory.node = "simulated node " + std::string(spec);
-  inventory.sim_spec = std::string(spec);
-  if (spec.empty()) bad_spec(spec, "it is empty");
+  inventory.node = "simulated node " + std::string(full_spec);
+  inventory.sim_spec = std::string(full_spec);
+  std::string_view spec = full_spec;
+  if (const std::size_t at = spec.find('@'); at != std::string_view::npos) {
+    if (at + 1 == spec.size()) bad_spec(full_spec, "\"@\" names no platform");
+    spec = spec.substr(0, at);
+  }
+  if (spec.empty()) bad_spec(full_spec, "it is empty");
   std::size_t start = 0;
   while (start <= spec.size()) {
     const std::size_t plus = spec.find('+', start);
@@ -78,6 +85,25 @@ backend::Inventory parse_node_spec(std::string_view spec) {
     start = plus + 1;
   }
   return inventory;
+}
+
+std::string platform_of_spec(std::string_view spec) {
+  const backend::Inventory node = parse_node_spec(spec);
+  std::string platform;
+  if (const std::size_t at = spec.find('@'); at != std::string_view::npos) {
+    platform = std::string(spec.substr(at + 1));
+  } else {
+    platform = contract::env_string(contract::kPlatformVar);
+  }
+  if (platform.empty()) {
+    const std::string& type = node.gpus.front().type;
+    for (const backend::Gpu& gpu : node.gpus)
+      if (gpu.type != type) return "";
+    platform = model::default_platform_for(type).value_or("");
+    return platform;
+  }
+  model::load_platform(platform);  // ConfigError naming it and the platforms there are
+  return platform;
 }
 
 }  // namespace sgpu::sim

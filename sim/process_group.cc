@@ -86,10 +86,11 @@ std::string plan_of(const Options& options) {
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
   counts_memory();  // ConfigError before anything starts
   const std::string spec = node_spec_of(options);
-  parse_node_spec(spec);
+  const std::string platform = platform_of_spec(spec);  // parses the spec
   std::vector<std::string> variables{
       "SGPU_SIM=" + spec,
-      std::string(kTransportVar) + "=" + transport_name(chosen_transport(options))};
+      std::string(kTransportVar) + "=" + transport_name(chosen_transport(options)),
+      std::string(contract::kPlatformVar) + "=" + platform};
   const std::string plan = plan_of(options);
   if (plan.empty()) return variables;
   parse_faults(plan, options.gpus);  // ConfigError before anything starts

@@ -204,7 +204,8 @@ class PyCall {
     py::gil_scoped_release release;
     return call_->memory_stats();
   }
-  // Each rank's collectives: {group: {op: {"count", "bytes", "seconds"}}}; waits as above.
+  // Each rank's collectives: {group: {op: {"count", "bytes", "seconds", "predicted_seconds",
+  // "platform"}}}; waits as above.
   py::list comm_stats() {
     const std::vector<sgpu::CommStats>* ranks = nullptr;
     {
@@ -221,6 +222,8 @@ class PyCall {
           totals["count"] = t.count;
           totals["bytes"] = t.bytes;
           totals["seconds"] = t.seconds;
+          totals["predicted_seconds"] = t.predicted_seconds;
+          totals["platform"] = rank.platform;
           by_op[py::str(op)] = totals;
         }
         groups[py::str(group)] = by_op;

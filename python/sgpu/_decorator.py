@@ -267,8 +267,10 @@ class Handle:
 
     def comm_stats(self, timeout: Optional[float] = None) -> list:
         """Each rank's collectives in rank order, once the call is done, whether it succeeded or
-        failed: {group: {op: {"count", "bytes", "seconds"}}}, bytes in nccl-tests' terms (an
-        all-reduce's buffer, an all-gather's whole output, a reduce-scatter's whole input).
+        failed: {group: {op: {"count", "bytes", "seconds", "predicted_seconds", "platform"}}},
+        bytes in nccl-tests' terms (an all-reduce's buffer, an all-gather's whole output, a
+        reduce-scatter's whole input); predicted_seconds what the collective model gives for
+        them on the platform (a simulated node's, or SGPU_PLATFORM's; "" and 0 for none).
         Waits as result() does, without raising the call's error."""
         if self._outcome is None:
             self._wait(timeout)

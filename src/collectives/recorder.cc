@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include "collectives/interposer.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "model/platform.h"
 
 namespace sgpu::collectives {
 namespace {
@@ -127,11 +129,31 @@ class CompletionPoller {
   std::thread thread_;
 };
 
+// The rank's platform (SGPU_PLATFORM), loaded once; null when none is named. The caller
+// checked that it loads before any rank started.
+const model::Platform* rank_platform() {
+  static const model::Platform* platform = []() -> const model::Platform* {
+    const std::string name = contract::env_string(contract::kPlatformVar);
+    if (name.empty()) return nullptr;
+    try {
+      return new model::Platform(model::load_platform(name));  // lives to the rank's end
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }();
+  return platform;
+}
+
 class RecordingBackend final : public InterposingBackend {
  public:
   RecordingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveRing* ring,
-                   std::uint32_t group, bool poll)
-      : InterposingBackend(std::move(inner)), ring_(ring), group_(group), poll_(poll) {}
+                   std::uint32_t group, int group_size, bool poll)
+      : InterposingBackend(std::move(inner)),
+        ring_(ring),
+        group_(group),
+        group_size_(group_size),
+        poll_(poll),
+        platform_(rank_platform()) {}
 
  protected:
   c10::intrusive_ptr<c10d::Work> around(const OpCall& call, Run run) override {
@@ -147,6 +169,12 @@ class RecordingBackend final : public InterposingBackend {
     entry.numel_out = call.numel_out;
     entry.bytes = call.bytes;
     entry.message_bytes = std::max(call.bytes, call.bytes_out);
+    if (platform_ != nullptr) {
+      if (const auto c = model::collective_of(contract::op_name(call.op))) {
+        entry.predicted_ns = static_cast<std::int64_t>(std::llround(
+            model::predict(*platform_, *c, entry.message_bytes, group_size_).seconds * 1e9));
+      }
+    }
     entry.entered_ns = now_ns();
     const std::uint64_t serial = ring_->begin(entry);
     c10::intrusive_ptr<c10d::Work> work;
@@ -190,7 +218,9 @@ class RecordingBackend final : public InterposingBackend {
  private:
   CollectiveRing* ring_;
   std::uint32_t group_;
+  int group_size_;
   bool poll_;
+  const model::Platform* platform_;
   // Counted by the thread that calls the group, as c10d's sequence numbers are.
   std::atomic<std::uint64_t> collectives_{0};
   std::atomic<std::uint64_t> transfers_{0};
@@ -205,8 +235,9 @@ CollectiveRing* rank_ring() {
     if (entries <= 0 || env.rank_dir.empty()) return nullptr;
     const auto capacity = static_cast<std::uint32_t>(std::min<long long>(entries, 1 << 24));
     // Lives to the rank's end: the caller reads the file, the rank only writes it.
+    const model::Platform* platform = rank_platform();
     return CollectiveRing::create(contract::RankFolder{env.rank_dir}.collective_ring(), capacity,
-                                  env.rank, env.world_size)
+                                  env.rank, env.world_size, platform ? platform->name : "")
         .release();
   }();
   return ring;
@@ -218,7 +249,7 @@ c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Ba
                                                      Completion completion) {
   if (ring == nullptr) return transport;
   const std::uint32_t index = ring->add_group(group);
-  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index,
+  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index, group.size,
                                                completion == Completion::kPolled);
 }
 

@@ -16,7 +16,7 @@ namespace sgpu::contract {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'G', 'P', 'U', 'R', 'I', 'N', 'G'};
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
 
 struct GroupSlot {
   std::int32_t size;
@@ -40,6 +40,7 @@ struct EntrySlot {
   std::int64_t numel_out;
   std::int64_t bytes;
   std::int64_t message_bytes;
+  std::int64_t predicted_ns;
   std::int64_t entered_ns;
   std::atomic<std::int64_t> ended_ns;
 };
@@ -63,6 +64,7 @@ struct CollectiveRing::TotalsSlot {
   std::atomic<std::int64_t> bytes;
   std::atomic<std::int64_t> ended;
   std::atomic<std::int64_t> nanoseconds;
+  std::atomic<std::int64_t> predicted_nanoseconds;
 };
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 
@@ -74,6 +76,7 @@ struct CollectiveRing::Layout {
   std::int32_t rank;
   std::int32_t world_size;
   std::int32_t pid;
+  char platform[64];                // the collective model's platform, "" for none
   std::atomic<std::uint64_t> next;  // entries claimed
   std::atomic<std::uint32_t> group_count;
   GroupSlot groups[kMaxGroups];
@@ -157,7 +160,7 @@ CollectiveRing::~CollectiveRing() { ::munmap(layout_, size_); }
 
 std::unique_ptr<CollectiveRing> CollectiveRing::create(const std::filesystem::path& file,
                                                        std::uint32_t capacity, int rank,
-                                                       int world_size) {
+                                                       int world_size, std::string_view platform) {
   if (capacity == 0) throw std::runtime_error("a collective ring needs room for one entry");
   const auto fail = [&](const char* what) {
     return std::runtime_error(std::string("cannot ") + what + " the collective ring " +
@@ -181,6 +184,7 @@ std::unique_ptr<CollectiveRing> CollectiveRing::create(const std::filesystem::pa
   layout->rank = rank;
   layout->world_size = world_size;
   layout->pid = static_cast<std::int32_t>(::getpid());
+  copy_name(layout->platform, sizeof layout->platform, platform);
   std::atomic_thread_fence(std::memory_order_release);
   std::memcpy(layout->magic, kMagic, sizeof kMagic);  // last: a reader sees a whole header
   return std::unique_ptr<CollectiveRing>(new CollectiveRing(base, size));
@@ -224,12 +228,14 @@ std::uint64_t CollectiveRing::begin(const CollectiveEntry& entry) {
   slot.numel_out = entry.numel_out;
   slot.bytes = entry.bytes;
   slot.message_bytes = entry.message_bytes;
+  slot.predicted_ns = entry.predicted_ns;
   slot.entered_ns = entry.entered_ns;
   slot.ended_ns.store(0, std::memory_order_relaxed);
   slot.serial.store(index + 1, std::memory_order_release);
   TotalsSlot& totals = totals_of(entry.group, entry.op);
   totals.count.fetch_add(1, std::memory_order_relaxed);
   totals.bytes.fetch_add(entry.message_bytes, std::memory_order_relaxed);
+  totals.predicted_nanoseconds.fetch_add(entry.predicted_ns, std::memory_order_relaxed);
   return index + 1;
 }
 
@@ -280,6 +286,7 @@ std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& fi
     s.rank = layout->rank;
     s.world_size = layout->world_size;
     s.pid = layout->pid;
+    s.platform = name_of(layout->platform, sizeof layout->platform);
     s.capacity = layout->capacity;
     const std::uint32_t groups =
         std::min(layout->group_count.load(std::memory_order_acquire), CollectiveRing::kMaxGroups);
@@ -300,6 +307,7 @@ std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& fi
         totals[op].bytes = t.bytes.load(std::memory_order_relaxed);
         totals[op].ended = t.ended.load(std::memory_order_relaxed);
         totals[op].nanoseconds = t.nanoseconds.load(std::memory_order_relaxed);
+        totals[op].predicted_nanoseconds = t.predicted_nanoseconds.load(std::memory_order_relaxed);
       }
     }
     s.written = layout->next.load(std::memory_order_acquire);
@@ -324,6 +332,7 @@ std::optional<RingSnapshot> read_collective_ring(const std::filesystem::path& fi
       e.numel_out = slot.numel_out;
       e.bytes = slot.bytes;
       e.message_bytes = slot.message_bytes;
+      e.predicted_ns = slot.predicted_ns;
       e.entered_ns = slot.entered_ns;
       std::atomic_thread_fence(std::memory_order_acquire);
       if (slot.serial.load(std::memory_order_relaxed) != before) continue;

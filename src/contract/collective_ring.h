@@ -21,8 +21,10 @@
 // rank entered, the bytes they moved in nccl-tests' terms (the message size, algbw's
 // numerator: the larger of a rank's input and output, so an all-reduce's buffer, an
 // all-gather's whole output, a reduce-scatter's whole input), and how many ended and the
-// time from entering to ending they took. They are counted as entries begin and end,
-// with no lock, so they are whole even for a rank that died.
+// time from entering to ending they took, and the time the collective model predicts for
+// them on the node the call pretends to be (NOTE [The collective model]; 0 without one).
+// They are counted as entries begin and end, with no lock, so they are whole even for a
+// rank that died.
 #pragma once
 
 #include <array>
@@ -85,6 +87,7 @@ struct CollectiveEntry {
   std::int64_t numel_out = 0;
   std::int64_t bytes = 0;          // what the rank contributes
   std::int64_t message_bytes = 0;  // nccl-tests' message size (NOTE [Communication accounting])
+  std::int64_t predicted_ns = 0;   // on the rank's platform (NOTE [The collective model]); 0: none
   std::int64_t entered_ns = 0;     // wall clock
   std::int64_t ended_ns = 0;       // 0 while in flight
 };
@@ -102,7 +105,8 @@ struct OpTotals {
   std::int64_t count = 0;  // entered
   std::int64_t bytes = 0;  // message sizes, summed
   std::int64_t ended = 0;
-  std::int64_t nanoseconds = 0;  // entering to ending, of those that ended
+  std::int64_t nanoseconds = 0;            // entering to ending, of those that ended
+  std::int64_t predicted_nanoseconds = 0;  // the model's, for every one entered
 };
 
 struct RingSnapshot {
@@ -110,6 +114,7 @@ struct RingSnapshot {
   std::int32_t world_size = 0;
   std::int32_t pid = 0;
   std::uint32_t capacity = 0;
+  std::string platform;       // what predicted_ns is predicted on; "" for nothing
   std::uint64_t written = 0;  // entries ever written; more than capacity: the oldest are gone
   std::vector<RingGroup> groups;
   std::vector<CollectiveEntry> entries;  // oldest first
@@ -120,10 +125,12 @@ struct RingSnapshot {
 // The writer, in the rank. Every method is thread-safe; begin() and end() take no lock.
 class CollectiveRing {
  public:
-  // Creates (or truncates) `file` with room for `capacity` entries. Throws
-  // std::runtime_error naming the file when it cannot.
+  // Creates (or truncates) `file` with room for `capacity` entries; `platform` names what
+  // the entries' predicted times are predicted on. Throws std::runtime_error naming the
+  // file when it cannot.
   static std::unique_ptr<CollectiveRing> create(const std::filesystem::path& file,
-                                                std::uint32_t capacity, int rank, int world_size);
+                                                std::uint32_t capacity, int rank, int world_size,
+                                                std::string_view platform = {});
   ~CollectiveRing();
   CollectiveRing(const CollectiveRing&) = delete;
   CollectiveRing& operator=(const CollectiveRing&) = delete;

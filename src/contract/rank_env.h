@@ -34,6 +34,10 @@ inline constexpr const char* kParentVar = "SGPU_PARENT_PID";              // exp
 inline constexpr const char* kLifelineVar = "SGPU_LIFELINE_FD";           // lifeline read end
 inline constexpr const char* kGroupTimeoutVar = "SGPU_GROUP_TIMEOUT_MS";  // collectives
 inline constexpr const char* kRecorderEntriesVar = "SGPU_RECORDER_ENTRIES";  // collective ring
+// The collective model's platform the ring's predicted times are on (a name or a file;
+// NOTE [The collective model]); the sim backend sets it from its node spec, a user may set
+// it for any backend.
+inline constexpr const char* kPlatformVar = "SGPU_PLATFORM";
 
 struct RankEnvironment {
   int rank = 0;

@@ -26,6 +26,7 @@ std::string describe_bytes(std::int64_t bytes) {
 CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring) {
   CommStats stats;
   if (!ring) return stats;
+  stats.platform = ring->platform;
   for (std::size_t g = 0; g < ring->groups.size() && g < ring->totals.size(); ++g) {
     for (std::size_t op = 0; op < contract::kCollectiveOps; ++op) {
       const contract::OpTotals& t = ring->totals[g][op];
@@ -36,6 +37,7 @@ CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring) {
       out.count += t.count;
       out.bytes += t.bytes;
       out.seconds += static_cast<double>(t.nanoseconds) / 1e9;
+      out.predicted_seconds += static_cast<double>(t.predicted_nanoseconds) / 1e9;
     }
   }
   return stats;
@@ -45,13 +47,16 @@ std::string comm_summary(const std::vector<CommStats>& ranks) {
   std::map<std::string, CollectiveTotals> most;
   std::map<std::string, bool> differ;
   std::map<std::string, int> seen;
+  std::string platform;
   for (const CommStats& rank : ranks) {
+    if (platform.empty()) platform = rank.platform;
     for (const auto& [op, t] : rank.by_op()) {
       CollectiveTotals& m = most[op];
       if (seen[op]++ > 0 && (t.count != m.count || t.bytes != m.bytes)) differ[op] = true;
       m.count = std::max(m.count, t.count);
       m.bytes = std::max(m.bytes, t.bytes);
       m.seconds = std::max(m.seconds, t.seconds);
+      m.predicted_seconds = std::max(m.predicted_seconds, t.predicted_seconds);
     }
   }
   if (most.empty()) return "";
@@ -62,6 +67,12 @@ std::string comm_summary(const std::vector<CommStats>& ranks) {
     std::snprintf(seconds, sizeof seconds, "%.3f s", t.seconds);
     line += separator + op + " " + std::to_string(t.count) + " calls, " + describe_bytes(t.bytes) +
             ", " + seconds;
+    if (!platform.empty()) {
+      char predicted[64];
+      std::snprintf(predicted, sizeof predicted, " (%.6f s on %s)", t.predicted_seconds,
+                    platform.c_str());
+      line += predicted;
+    }
     if (differ.count(op) || seen[op] != static_cast<int>(ranks.size())) {
       line += " (ranks differ)";
     }
@@ -76,6 +87,8 @@ std::map<std::string, double> comm_metrics(const CommStats& stats) {
     metrics["sgpu.comm." + op + ".count"] = static_cast<double>(t.count);
     metrics["sgpu.comm." + op + ".bytes"] = static_cast<double>(t.bytes);
     metrics["sgpu.comm." + op + ".seconds"] = t.seconds;
+    if (!stats.platform.empty())
+      metrics["sgpu.comm." + op + ".predicted_seconds"] = t.predicted_seconds;
   }
   return metrics;
 }

@@ -16,11 +16,13 @@ namespace sgpu::launcher {
 // The ring's totals per group and op; empty without a ring.
 CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring);
 
-// "sgpu: collectives (the most of any rank): all_reduce 1875 calls, 4.58 MiB, 0.41 s; ...\n";
+// "sgpu: collectives (the most of any rank): all_reduce 1875 calls, 4.58 MiB, 0.410 s
+// (0.023147 s on h100-nvswitch); ...\n" (the part in brackets when a platform predicted);
 // "" when no rank made any.
 std::string comm_summary(const std::vector<CommStats>& ranks);
 
-// sgpu.comm.<op>.count, .bytes and .seconds, every group added up.
+// sgpu.comm.<op>.count, .bytes, .seconds and (with a platform) .predicted_seconds, every
+// group added up.
 std::map<std::string, double> comm_metrics(const CommStats& stats);
 
 }  // namespace sgpu::launcher

@@ -8,6 +8,7 @@
 //   launch.wait();
 //   const sgpu::CommStats& rank0 = launch.comm_stats().at(0);
 //   rank0.by_op().at("all_reduce").bytes;
+//   rank0.by_op().at("all_reduce").predicted_seconds;  // on rank0.platform
 #pragma once
 
 #include <cstdint>
@@ -22,12 +23,18 @@ struct CollectiveTotals {
   // buffer, an all-gather's whole output, a reduce-scatter's whole input.
   std::int64_t bytes = 0;
   double seconds = 0;  // from entering each to its end, of those that ended
+  // What they would take on CommStats::platform (NOTE [The collective model] in
+  // model/platform.h): each collective's predicted time, summed; 0 without a platform.
+  double predicted_seconds = 0;
 
   bool operator==(const CollectiveTotals&) const = default;
 };
 
 // One rank's collectives (and sends and receives) in one call.
 struct CommStats {
+  // The node the predicted times are for ("h100-nvswitch"): a simulated node's platform,
+  // or SGPU_PLATFORM's; "" when nothing was predicted.
+  std::string platform;
   // Process group ("world", "ranks 0,2") to op ("all_reduce", "all_gather_into_tensor",
   // "send", ...) to totals; ops the rank never called are left out.
   std::map<std::string, std::map<std::string, CollectiveTotals>> groups;
@@ -41,6 +48,7 @@ struct CommStats {
         sum.count += t.count;
         sum.bytes += t.bytes;
         sum.seconds += t.seconds;
+        sum.predicted_seconds += t.predicted_seconds;
       }
     }
     return out;

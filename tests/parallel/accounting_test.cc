@@ -3,7 +3,9 @@
 // equal the theory exactly: DDP all-reduces every gradient once a step; FSDP all-gathers
 // every unit twice a step (forward, and again for backward) and reduce-scatters it once;
 // ZeRO-2 reduce-scatters and all-gathers the padded flat parameters once a step and
-// all-reduces the gradient norm. Any model shape, 2, 4 and 8 ranks, both transports.
+// all-reduces the gradient norm. Any model shape, 2, 4 and 8 ranks, both transports. The
+// predicted times are the collective model's for each recorded collective on the
+// simulated node's platform (8xH100: h100-nvswitch), and one named with '@'.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -18,6 +20,7 @@
 
 #include "contract/collective_ring.h"
 #include "contract/run_folder.h"
+#include "model/platform.h"
 #include "sgpu/parallel/ddp.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/zero.h"
@@ -76,6 +79,11 @@ int train(Shape shape) {
   return 0;
 }
 
+const sgpu::model::Platform& h100() {
+  static const sgpu::model::Platform p = sgpu::model::load_platform("h100-nvswitch");
+  return p;
+}
+
 std::int64_t padded(std::int64_t n, int world) { return (n + world - 1) / world * world; }
 
 sgpu::CollectiveTotals of(const std::map<std::string, sgpu::CollectiveTotals>& ops,
@@ -114,12 +122,22 @@ RC_GTEST_PROP(Accounting, EqualsTheRecordedCollectivesAndTheStrategysTheory, ())
         sgpu::contract::RunFolder{launch.run_dir()}.rank(rank).collective_ring());
     RC_ASSERT(ring.has_value());
     RC_ASSERT(ring->written <= ring->capacity);
+    RC_ASSERT(stats.platform == "h100-nvswitch");
+    RC_ASSERT(ring->platform == "h100-nvswitch");
     std::map<std::string, sgpu::CollectiveTotals> summed;
     for (const auto& e : ring->entries) {
-      sgpu::CollectiveTotals& t = summed[std::string(sgpu::contract::op_name(e.op))];
+      const std::string op(sgpu::contract::op_name(e.op));
+      sgpu::CollectiveTotals& t = summed[op];
       t.count += 1;
       t.bytes += e.message_bytes;
       t.seconds += static_cast<double>(e.ended_ns - e.entered_ns) / 1e9;
+      // Each entry's prediction is the model's for its op, size and group.
+      const auto c = sgpu::model::collective_of(op);
+      RC_ASSERT(c.has_value());
+      RC_ASSERT(
+          e.predicted_ns ==
+          std::llround(sgpu::model::predict(h100(), *c, e.message_bytes, world).seconds * 1e9));
+      t.predicted_seconds += static_cast<double>(e.predicted_ns) / 1e9;
     }
     const auto by_op = stats.by_op();
     RC_ASSERT(by_op.size() == summed.size());
@@ -127,6 +145,8 @@ RC_GTEST_PROP(Accounting, EqualsTheRecordedCollectivesAndTheStrategysTheory, ())
       RC_ASSERT(of(by_op, op).count == t.count);
       RC_ASSERT(of(by_op, op).bytes == t.bytes);
       RC_ASSERT(std::abs(of(by_op, op).seconds - t.seconds) <= 1e-6 + 1e-9 * t.count);
+      RC_ASSERT(std::abs(of(by_op, op).predicted_seconds - t.predicted_seconds) <= 1e-9 * t.count);
+      RC_ASSERT(of(by_op, op).predicted_seconds > 0);  // every op here moves data or waits
     }
     RC_ASSERT(stats.groups.size() == 1u);
     RC_ASSERT(stats.groups.count("world") == 1u);
@@ -186,6 +206,56 @@ TEST(Accounting, AFailedCallStillHasIt) {
     EXPECT_EQ(t.count, 3);
     EXPECT_EQ(t.bytes, 3 * 250 * 4);
     EXPECT_GE(t.seconds, 0.0);
+  }
+}
+
+// A node spec's '@PLATFORM' is the platform predicted on; a node of one GPU type predicts on
+// that type's node, a mixed one on none.
+int reduce(int times) {
+  auto& pg = sgpu::process_group();
+  for (int i = 0; i < times; ++i) {
+    std::vector<at::Tensor> t{at::ones({250})};
+    pg.allreduce(t)->wait();
+  }
+  return 0;
+}
+
+TEST(Accounting, PredictsOnTheNodeTheSpecNames) {
+  const auto stats_of = [](const char* spec, int gpus, const char* gpu_type) {
+    sgpu::Options o;
+    o.gpus = gpus;
+    o.gpu_type = gpu_type;
+    o.backend = "sim";
+    o.sim_node = spec;
+    o.tracking = false;
+    o.console_ranks = std::vector<int>{};
+    auto launch = sgpu::distributed(reduce, o).launch(1);
+    launch.wait();
+    return launch.comm_stats().at(0);
+  };
+  const sgpu::CommStats named = stats_of("2xA100@a10-pcie", 2, "");
+  EXPECT_EQ(named.platform, "a10-pcie");
+  EXPECT_DOUBLE_EQ(named.by_op().at("all_reduce").predicted_seconds,
+                   std::llround(sgpu::model::predict(sgpu::model::load_platform("a10-pcie"),
+                                                     sgpu::model::Collective::kAllReduce, 1000, 2)
+                                    .seconds *
+                                1e9) /
+                       1e9);
+  EXPECT_EQ(stats_of("2xA100", 2, "").platform, "a100-nvswitch");
+  const sgpu::CommStats mixed = stats_of("1xH100+1xA10", 1, "A10");
+  EXPECT_EQ(mixed.platform, "");
+  EXPECT_EQ(mixed.by_op().at("all_reduce").predicted_seconds, 0);
+  sgpu::Options o;
+  o.gpus = 2;
+  o.backend = "sim";
+  o.sim_node = "2xH100@h300-nvswitch";
+  o.tracking = false;
+  try {
+    sgpu::distributed(reduce, o).distributed(0);
+    ADD_FAILURE() << "an unknown platform started a call";
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no platform \"h300-nvswitch\""), std::string::npos)
+        << e.what();
   }
 }
 

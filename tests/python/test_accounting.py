@@ -2,6 +2,7 @@
 handle and in the call's MLflow run, exactly as the function made them."""
 
 import mlflow
+import pytest
 import torch
 
 import sgpu
@@ -30,9 +31,15 @@ def test_the_handle_and_the_run_count_every_collective_and_its_bytes():
             "all_gather_into_tensor": (1, 2 * 300 * 8),  # the whole output
         }
         assert all(t["seconds"] >= 0 for t in ops.values())
+        # 2 of 8xH100's GPUs: predicted on the NVSwitch node, a few microseconds each.
+        assert all(t["platform"] == "h100-nvswitch" for t in ops.values())
+        assert 3 * 5e-6 < ops["all_reduce"]["predicted_seconds"] < 3 * 50e-6
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     client = mlflow.MlflowClient()
     history = client.get_metric_history(run.info.run_id, "sgpu.comm.all_reduce.bytes")
     assert sorted((m.step, m.value) for m in history) == [(0, 12000.0), (1, 12000.0)]
     counts = client.get_metric_history(run.info.run_id, "sgpu.comm.all_gather_into_tensor.count")
     assert sorted((m.step, m.value) for m in counts) == [(0, 1.0), (1, 1.0)]
+    predicted = client.get_metric_history(run.info.run_id, "sgpu.comm.all_reduce.predicted_seconds")
+    want = handle.comm_stats()[0]["world"]["all_reduce"]["predicted_seconds"]
+    assert [m.value for m in predicted] == [pytest.approx(want, rel=1e-9)] * 2

@@ -11,6 +11,8 @@
 #include "backend/gpu_type.h"
 #include "backend/memory_stats.h"
 #include "backend/process_group_factory.h"
+#include "contract/rank_env.h"
+#include "model/platform.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::cuda {
@@ -155,6 +157,12 @@ const RuntimeModule& runtime_module() {
 void CudaBackend::bind(int device_index) const { runtime_module().bind(device_index); }
 
 std::vector<std::string> CudaBackend::rank_environment(const Options& options) const {
+  // The platform a user names for predicted times beside the measured ones (NOTE [The
+  // collective model]): ConfigError before any rank starts when it does not load.
+  if (const std::string platform = contract::env_string(contract::kPlatformVar);
+      !platform.empty()) {
+    model::load_platform(platform);
+  }
   const char* text = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
   if (text == nullptr || *text == '\0') return {};
   char* end = nullptr;
