@@ -17,7 +17,10 @@
 // mpi_yield_when_idle 1), and the sgpu rows get vs_openmpi = Open MPI time / sgpu time. With
 // --recorder both, each size also has a `/sgpu_unrecorded` row (the collective recorder
 // off), and the sgpu rows get vs_unrecorded = that time / sgpu time and recorder_us, the
-// difference per collective. With
+// difference per collective. Beside each measured sgpu row, what the collective model
+// (model/platform.h) predicts for the node: on sim the simulated node's platform (8xH100:
+// h100-nvswitch), elsewhere SGPU_PLATFORM's: counters model_us and model_busbw_GBps, and
+// the table's model columns. With
 // --benchmark_repetitions=K each repetition is a fresh sweep pair. A nccl-tests-like
 // table follows (medians over repetitions). Exit status 1 when a result was wrong or a
 // sweep failed; 2 for bad flags.
@@ -43,9 +46,13 @@
 #include "bench_options.h"
 #include "collectives/collective_sweep.h"
 #include "collectives/floor.h"
+#include "contract/rank_env.h"
+#include "model/platform.h"
 #include "sgpu/config.h"
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
+#include "sim/node_spec.h"
+#include "sim/sim_backend.h"
 
 namespace {
 
@@ -74,18 +81,7 @@ struct Config {
   std::string recorder = "on";  // the collective recorder: on, off, or both (rows of each)
 };
 
-// "8", "4K", "64M", "1G" (binary units, as nccl-tests reads -b and -e).
-std::int64_t parse_bytes(const std::string& text) {
-  std::size_t used = 0;
-  const long long number = std::stoll(text, &used);
-  const std::string unit = text.substr(used);
-  std::int64_t scale = 1;
-  if (unit == "K" || unit == "k") scale = std::int64_t{1} << 10;
-  if (unit == "M" || unit == "m") scale = std::int64_t{1} << 20;
-  if (unit == "G" || unit == "g") scale = std::int64_t{1} << 30;
-  if (number < 0 || (!unit.empty() && scale == 1)) throw std::invalid_argument(text);
-  return number * scale;
-}
+std::int64_t parse_bytes(const std::string& text) { return sgpu::model::parse_message_size(text); }
 
 // One measurement of an (operation, data type): the floor's and sgpu's per-rank results.
 struct Measured {
@@ -158,11 +154,13 @@ SizeSummary summarise(const std::vector<sgpu::bench::SweepResult>& ranks, std::s
 
 class CollectiveBench {
  public:
-  CollectiveBench(Config config, sgpu::Options options, std::string backend, int ranks)
+  CollectiveBench(Config config, sgpu::Options options, std::string backend, int ranks,
+                  std::optional<sgpu::model::Platform> platform)
       : config_(std::move(config)),
         options_(std::move(options)),
         backend_(std::move(backend)),
-        ranks_(ranks) {}
+        ranks_(ranks),
+        platform_(std::move(platform)) {}
 
   void register_all() {
     const std::int64_t min = parse_bytes(config_.min_bytes);
@@ -195,12 +193,17 @@ class CollectiveBench {
     out << "# sgpu collective benchmark: backend " << backend_ << ", " << ranks_
         << " ranks; time = slowest rank's mean over " << config_.iters << " iterations after "
         << config_.warmup << " warm-up; median over repetitions\n";
+    if (platform_) {
+      out << "# model: the collective model's time and busbw on " << platform_->name << " ("
+          << platform_->origin << ")\n";
+    }
     out << "#" << std::setw(14) << "op" << std::setw(10) << "type" << std::setw(12) << "size(B)"
         << std::setw(12) << "count" << std::setw(12) << "time(us)" << std::setw(12) << "algbw"
         << std::setw(12) << "busbw" << std::setw(8) << "#wrong" << std::setw(14) << "floor(us)"
         << std::setw(14) << "floor_busbw" << std::setw(10) << "vs_floor" << std::setw(12)
-        << "mpi(us)" << std::setw(10) << "vs_mpi"
-        << "\n";
+        << "mpi(us)" << std::setw(10) << "vs_mpi";
+    if (platform_) out << std::setw(12) << "model(us)" << std::setw(12) << "model_busbw";
+    out << "\n";
     out << "#" << std::setw(82) << "(GB/s)" << std::setw(12) << "(GB/s)" << std::setw(36)
         << "(GB/s)"
         << "\n";
@@ -242,6 +245,13 @@ class CollectiveBench {
           const double mpi = median(mpis);
           out << std::setprecision(1) << std::setw(12) << mpi * 1e6 << std::setprecision(3)
               << std::setw(10) << mpi / time;
+        } else if (platform_) {
+          out << std::setw(12) << "-" << std::setw(10) << "-";
+        }
+        if (platform_) {
+          const auto p = predicted(spec.op, spec.sizes[i].bytes);
+          out << std::setprecision(1) << std::setw(12) << p.seconds * 1e6 << std::setprecision(3)
+              << std::setw(12) << p.busbw_gbps;
         }
         out << "\n";
       }
@@ -254,6 +264,10 @@ class CollectiveBench {
  private:
   using Key = std::pair<Collective, c10::ScalarType>;
   enum class Who { kFloor, kMpi, kUnrecorded, kSgpu };
+
+  sgpu::model::Prediction predicted(Collective op, std::int64_t bytes) const {
+    return sgpu::model::predict(*platform_, sgpu::bench::model_collective(op), bytes, ranks_);
+  }
 
   // Open MPI rows: on sim, float32 (MPI has no bfloat16), when the reference was built.
   bool with_mpi(const sgpu::bench::SweepSpec& spec) const {
@@ -350,6 +364,11 @@ class CollectiveBench {
             state.counters["algbw_GBps"] = algbw;
             state.counters["busbw_GBps"] = algbw * sgpu::bench::bus_factor(key.first, ranks_);
           }
+          if (who == Who::kSgpu && platform_) {
+            const auto p = predicted(key.first, bytes);
+            state.counters["model_us"] = p.seconds * 1e6;
+            state.counters["model_busbw_GBps"] = p.busbw_gbps;
+          }
           if (who == Who::kSgpu && !m.floor.empty()) {
             state.counters["vs_floor"] = summarise(m.floor, index).seconds / s.seconds;
           }
@@ -372,6 +391,7 @@ class CollectiveBench {
   sgpu::Options options_;
   std::string backend_;
   int ranks_;
+  std::optional<sgpu::model::Platform> platform_;  // the model's node, when there is one
   std::map<Key, sgpu::bench::SweepSpec> specs_;
   std::vector<Key> order_;
   std::map<Key, std::vector<Measured>> measured_;
@@ -575,6 +595,7 @@ int main(int argc, char** argv) {
   options.sim_transport = config.transport;
   if (config.recorder == "off") options.recorder_entries = 0;
   std::string backend;
+  std::optional<sgpu::model::Platform> platform;
   try {
     options.timeout = sgpu::parse_timeout(config.timeout);
     backend = std::string(sgpu::backend::choose_backend(options).name());
@@ -586,6 +607,10 @@ int main(int argc, char** argv) {
         config.gpus > 0
             ? config.gpus
             : static_cast<int>(sgpu::backend::find_backend(backend).inventory(options).gpus.size());
+    const std::string platform_name =
+        backend == "sim" ? sgpu::sim::platform_of_spec(sgpu::sim::node_spec_of(options))
+                         : sgpu::contract::env_string(sgpu::contract::kPlatformVar);
+    if (!platform_name.empty()) platform = sgpu::model::load_platform(platform_name);
   } catch (const sgpu::Error& e) {
     std::cerr << "bench_collectives: " << e.what() << "\n";
     return 2;
@@ -601,7 +626,7 @@ int main(int argc, char** argv) {
   }
 
   add_context(backend, options.gpus, options, config);
-  CollectiveBench bench(config, options, backend, options.gpus);
+  CollectiveBench bench(config, options, backend, options.gpus, std::move(platform));
   bench.register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

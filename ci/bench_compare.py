@@ -7,12 +7,19 @@ the comparison (the noise guard). Run with --benchmark_repetitions=K (K >= 3) to
 use of it. Rows that failed in the new run (a wrong result, a failed sweep) are
 regressions too. Benchmarks found on one side only are listed, not failed.
 
+Counters are compared too, where a benchmark reports them (bench_parallel does):
+exact ones (--exact, by default comm_* and collectives_*: the communication accounting, the
+same run after run on any machine) must not change at all, and predicted ones (--predicted,
+by default model_*: the collective model's times) must stay within --predicted-tolerance
+(default 1%). With --counters-only the times are not compared, only the counters: the gate
+for a simulated run in CI, where timings are noise.
+
 Google Benchmark's own comparison (Debian's libbenchmark-tools, gbench in
 /usr/share/benchmark) pairs the runs and adds its Mann-Whitney U test p-value per
 benchmark when it is installed with numpy and scipy; without it the same comparison
 runs on the medians alone.
 
-Exit status: 0 no regression, 1 a regression, 2 unreadable input.
+Exit status: 0 no regression, 1 a regression (or a changed counter), 2 unreadable input.
 """
 import argparse
 import json
@@ -59,6 +66,57 @@ def samples(data, name_filter):
     return rows
 
 
+def counters(data, name_filter):
+    """run name -> {counter: [value per repetition...]}, from the iteration rows."""
+    skip = {"name", "run_name", "run_type", "repetitions", "repetition_index", "threads",
+            "iterations", "real_time", "cpu_time", "time_unit", "family_index",
+            "per_family_instance_index", "aggregate_name", "aggregate_unit", "error_occurred",
+            "error_message", "label"}
+    rows = {}
+    for b in data["benchmarks"]:
+        run_name = b.get("run_name", b["name"])
+        if name_filter and not re.search(name_filter, run_name):
+            continue
+        if b.get("run_type") == "aggregate" or b.get("error_occurred"):
+            continue
+        row = rows.setdefault(run_name, {})
+        for key, value in b.items():
+            if key not in skip and isinstance(value, (int, float)):
+                row.setdefault(key, []).append(float(value))
+    return rows
+
+
+def counter_regressions(base_counters, new_counters, exact, predicted, tolerance):
+    """(lines, regressions) for the counters both runs have."""
+    lines, regressions = [], 0
+    for name, row in new_counters.items():
+        base_row = base_counters.get(name)
+        if base_row is None:
+            continue
+        for counter, values in sorted(row.items()):
+            if counter not in base_row:
+                continue
+            before = base_row[counter]
+            if re.search(exact, counter):
+                if sorted(set(before)) != sorted(set(values)):
+                    regressions += 1
+                    lines.append(f"{name}  {counter}: {fmt(before)} -> {fmt(values)}  "
+                                 f"CHANGED (compared exactly)")
+            elif re.search(predicted, counter):
+                a, b = statistics.median(before), statistics.median(values)
+                change = (b - a) / a if a else (0.0 if b == a else float("inf"))
+                if abs(change) > tolerance:
+                    regressions += 1
+                    lines.append(f"{name}  {counter}: {a:.6g} -> {b:.6g} ({change:+.2%})  "
+                                 f"CHANGED (beyond {tolerance:.1%})")
+    return lines, regressions
+
+
+def fmt(values):
+    distinct = sorted(set(values))
+    return ", ".join(f"{v:.10g}" for v in distinct)
+
+
 def gbench_pvalues(base, new, name_filter):
     """run name -> U test p-value on real time, from Google Benchmark's own tool."""
     sys.path.insert(0, GBENCH_DIR)
@@ -98,9 +156,28 @@ def main():
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="largest throughput drop that is not a regression (default 0.05)")
     parser.add_argument("--filter", default="", help="only benchmarks whose name matches")
+    parser.add_argument("--exact", default=r"^(comm_|collectives_)",
+                        help="counters that must not change at all (default: comm_*, "
+                             "collectives_*)")
+    parser.add_argument("--predicted", default=r"^model_",
+                        help="counters held to --predicted-tolerance (default: model_*)")
+    parser.add_argument("--predicted-tolerance", type=float, default=0.01,
+                        help="largest relative change of a predicted counter (default 0.01)")
+    parser.add_argument("--counters-only", action="store_true",
+                        help="compare only the counters, not the times (a simulated run)")
     args = parser.parse_args()
 
     base, new = load(args.baseline), load(args.new)
+    lines, counter_changes = counter_regressions(
+        counters(base, args.filter), counters(new, args.filter), args.exact, args.predicted,
+        args.predicted_tolerance)
+    for line in lines:
+        print(line)
+    if args.counters_only:
+        print(f"bench-compare: {counter_changes} counter(s) changed (exact: /{args.exact}/, "
+              f"predicted: /{args.predicted}/ beyond {args.predicted_tolerance:.1%})")
+        return 1 if counter_changes else 0
+
     base_rows, new_rows = samples(base, args.filter), samples(new, args.filter)
     pvalues = gbench_pvalues(base, new, args.filter)
 
@@ -139,8 +216,8 @@ def main():
     if pvalues is None:
         print("(Google Benchmark's gbench, numpy or scipy not found: no U test)")
     print(f"bench-compare: {regressions} regression(s) beyond {args.tolerance:.0%} "
-          f"(medians over repetitions)")
-    return 1 if regressions else 0
+          f"(medians over repetitions), {counter_changes} counter(s) changed")
+    return 1 if regressions or counter_changes else 0
 
 
 if __name__ == "__main__":

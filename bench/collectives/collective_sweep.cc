@@ -167,21 +167,23 @@ std::optional<c10::ScalarType> parse_dtype(std::string_view text) {
   return std::nullopt;
 }
 
-double bus_factor(Collective op, int world_size) {
-  const double n = world_size;
+sgpu::model::Collective model_collective(Collective op) {
   switch (op) {
-    case Collective::kAllReduce:
-      return 2 * (n - 1) / n;
     case Collective::kAllGather:
+      return sgpu::model::Collective::kAllGather;
     case Collective::kReduceScatter:
-    case Collective::kAllToAll:
-      return (n - 1) / n;
+      return sgpu::model::Collective::kReduceScatter;
     case Collective::kBroadcast:
-      return 1;
-    case Collective::kBarrier:
-      return 0;
+      return sgpu::model::Collective::kBroadcast;
+    case Collective::kAllToAll:
+      return sgpu::model::Collective::kAllToAll;
+    default:
+      return sgpu::model::Collective::kAllReduce;
   }
-  return 0;
+}
+
+double bus_factor(Collective op, int world_size) {
+  return op == Collective::kBarrier ? 0 : sgpu::model::bus_factor(model_collective(op), world_size);
 }
 
 std::vector<MessageSize> plan_sizes(Collective op, c10::ScalarType dtype, int world_size,

@@ -25,6 +25,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
+#include "model/platform.h"
+
 namespace sgpu::bench {
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kAllToAll, kBarrier };
@@ -37,7 +39,11 @@ std::string_view name(Collective op);  // "allreduce", "allgather", ...
 std::optional<Collective> parse_collective(std::string_view text);
 std::string_view dtype_name(c10::ScalarType dtype);  // "float32", "bfloat16"
 std::optional<c10::ScalarType> parse_dtype(std::string_view text);
+// nccl-tests' bus factor (model/platform.h's); 0 for the barrier, which moves nothing.
 double bus_factor(Collective op, int world_size);
+// The collective the model predicts for a benchmarked op (a barrier is NCCL's empty
+// all-reduce).
+sgpu::model::Collective model_collective(Collective op);
 
 // One message size of a sweep.
 struct MessageSize {
