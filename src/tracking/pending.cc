@@ -5,20 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <system_error>
 
-#include "contract/atomic_file.h"
-#include "sgpu/errors.h"
 #include "tracking/spool.h"
 
 namespace sgpu::tracking {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 // An exclusive lock on the record, held while the folder is sent; -1 when another process
 // holds it or the record is gone.
@@ -41,35 +36,7 @@ class RecordLock {
   int fd_;
 };
 
-std::optional<PendingRun> read_pending(const fs::path& record) {
-  std::ifstream in(record);
-  const json j = json::parse(in, nullptr, false);
-  if (!j.is_object() || !j.contains("uri") || !j.contains("run_id")) return std::nullopt;
-  PendingRun p;
-  p.uri = j["uri"].get<std::string>();
-  p.run_id = j["run_id"].get<std::string>();
-  p.status = status_from_name(j.value("status", "FAILED"));
-  if (p.status == RunStatus::kRunning) p.status = RunStatus::kFailed;  // a run ends finished
-  p.end_time_ms = j.value("end_time_ms", std::int64_t{0});
-  p.remove_folder = j.value("remove_folder", false);
-  return p;
-}
-
 }  // namespace
-
-void write_pending(const fs::path& run_dir, const PendingRun& pending) {
-  const json j = {{"uri", pending.uri},
-                  {"run_id", pending.run_id},
-                  {"status", status_name(pending.status)},
-                  {"end_time_ms", pending.end_time_ms},
-                  {"remove_folder", pending.remove_folder}};
-  const fs::path path = contract::RunFolder{run_dir}.tracking_pending();
-  try {
-    contract::write_file_atomically(path, j.dump(2) + "\n");
-  } catch (const std::system_error& e) {
-    throw TrackingError(std::string("tracking: cannot record the pending run: ") + e.what());
-  }
-}
 
 SpoolSend send_spools(Store& store, const fs::path& run_dir) {
   SpoolSend result;

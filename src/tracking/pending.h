@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct PendingRun {
 
 // Writes run_dir/tracking-pending.json (whole, through a rename). Throws TrackingError.
 void write_pending(const std::filesystem::path& run_dir, const PendingRun& pending);
+// What a tracking-pending.json holds; nullopt when it is missing or not such a record (not
+// JSON, no uri or run_id, a field of the wrong type), which a sync leaves alone.
+std::optional<PendingRun> read_pending(const std::filesystem::path& record);
 
 // What sending a folder's spools did.
 struct SpoolSend {

@@ -12,6 +12,8 @@
 //   6 the tracking spool                                                (never throws)
 //   7 the collective model's platform files; what parses predicts a      ConfigError
 //     finite time >= 0 and writes JSON that reads back the same
+//   8 a pending run's record (tracking-pending.json)                    (never throws)
+//   9 DeepSpeed configurations as ZeRO reads them                        ConfigError
 // Built and run by tests/fuzz/fuzz_decoders.sh with clang; seeds in tests/fuzz/corpus/.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -29,8 +31,10 @@
 #include "sgpu/checkpoint/manifest.h"
 #include "sgpu/errors.h"
 #include "sgpu/options.h"
+#include "sgpu/parallel/zero.h"
 #include "sim/faults.h"
 #include "sim/node_spec.h"
+#include "tracking/pending.h"
 #include "tracking/spool.h"
 
 namespace {
@@ -93,7 +97,7 @@ void platform(const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 8) {
+  switch (data[0] % 10) {
     case 0:
       records(input);
       break;
@@ -139,6 +143,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     case 7:
       platform(input);
+      break;
+    case 8: {
+      const InputFile file(input);
+      (void)sgpu::tracking::read_pending(file.path());
+      break;
+    }
+    case 9:
+      try {
+        (void)sgpu::parallel::ZeroConfig::parse(input);
+      } catch (const sgpu::ConfigError&) {
+      }
       break;
   }
   return 0;

@@ -16,7 +16,8 @@ sources=(
   sim/faults.cc sim/node_spec.cc src/backend/gpu_type.cc
   src/sgpu/checkpoint/manifest.cc src/sgpu/checkpoint/safetensors.cc
   src/tracking/spool.cc src/tracking/log_batch.cc src/tracking/run_model.cc
-  src/tracking/validation.cc src/model/platform.cc src/contract/rank_env.cc
+  src/tracking/validation.cc src/tracking/pending_record.cc src/model/platform.cc
+  src/contract/rank_env.cc src/sgpu/parallel/zero_config.cc
 )
 paths=("${sources[@]/#/$src/}")
 stale() {

@@ -556,6 +556,9 @@ TEST(ZeroConfigParse, NamesTheKeyItDoesNotUnderstand) {
                       "'gradient_accumulation_steps' must be positive");
   expect_config_error(R"([1, 2])", "must be a JSON object");
   expect_config_error(R"({"stage": )", "not valid JSON");
+  // A number JSON cannot hold is not valid JSON either, not an escaped json exception
+  // (found by the decoders' fuzz target).
+  expect_config_error(R"({"optimizer": {"params": {"lr": 56e1228}}})", "not valid JSON");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -543,6 +544,25 @@ TEST(PendingRuns, AStoreStillUnreachableLeavesEverythingAndAFolderBeingSentIsSki
   ::waitpid(child, &status, 0);
   ::close(fd);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a locked folder was sent";
+}
+
+// A record that is not one of ours (a field of the wrong type, not JSON) is left alone,
+// never thrown at the sync (a call's end, `sgpu tracking sync`); found by the decoders'
+// fuzz target.
+TEST(PendingRuns, ARecordWithAFieldOfTheWrongTypeIsLeftAlone) {
+  const fs::path runs = temp_root().parent_path() / "runs";
+  for (const char* text : {R"({"uri": 5, "run_id": "r"})", R"({"uri": "file:/x", "run_id": []})",
+                           R"({"uri": "file:/x", "run_id": "r", "status": 3})",
+                           R"({"uri": "file:/x", "run_id": "r", "end_time_ms": "soon"})", "{"}) {
+    const fs::path folder = runs / ("bad-" + std::to_string(std::hash<std::string>{}(text)));
+    fs::create_directories(folder);
+    std::ofstream(folder / kPendingName) << text;
+    EXPECT_EQ(read_pending(folder / kPendingName), std::nullopt) << text;
+  }
+  std::vector<SyncedRun> synced;
+  EXPECT_NO_THROW(synced = sync_pending_runs(runs));
+  EXPECT_TRUE(synced.empty());
+  EXPECT_TRUE(read_pending(runs / "nowhere" / kPendingName) == std::nullopt);
 }
 
 TEST(RunLogger, TenThousandMetricsInOneFlushAllArriveAndABadKeyThrowsAtTheCall) {
