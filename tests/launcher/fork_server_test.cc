@@ -15,17 +15,18 @@
 namespace {
 
 struct Seen {
-  std::string value, cwd, parent_is_rank_parent;
+  std::string value, cwd;
+  int parent = 0;  // the rank's parent process
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(value, cwd, parent_is_rank_parent);
+    ar(value, cwd, parent);
   }
 };
 
 Seen look_around(int) {
   const char* value = std::getenv("SGPU_TEST_VALUE");
   return Seen{value != nullptr ? value : "<unset>", std::filesystem::current_path().string(),
-              std::to_string(::getppid()) == std::getenv("SGPU_PARENT_PID") ? "yes" : "no"};
+              static_cast<int>(::getppid())};
 }
 
 using sgpu::testing::sim;
@@ -48,10 +49,12 @@ TEST(StartMethod, RanksSeeTheCallersEnvironmentAndDirectoryAtCallTime) {
   ::unsetenv("SGPU_TEST_VALUE");
   std::filesystem::current_path(old_cwd);
   std::filesystem::remove_all(dir);
+  // Forked by the server, or exec'd by this process.
+  const int parent = forking() ? sgpu::launcher::fork_server_pid() : ::getpid();
   for (const Seen& s : seen) {
     EXPECT_EQ(s.value, "changed after the first call");
     EXPECT_EQ(s.cwd, dir.string());
-    EXPECT_EQ(s.parent_is_rank_parent, "yes");
+    EXPECT_EQ(s.parent, parent);
   }
 }
 
@@ -72,14 +75,23 @@ TEST(StartMethod, OneForkServerServesEveryCall) {
   EXPECT_TRUE(sgpu::testing::children().empty());
 }
 
+// Under either run of this file: with SGPU_START_METHOD unset, the option decides, and an
+// exec'd rank's parent is this process, where a forked one's is the server.
 TEST(StartMethod, OptionChoosesExecWhenTheEnvironmentDoesNotSay) {
-  if (std::getenv("SGPU_START_METHOD") != nullptr) GTEST_SKIP() << "SGPU_START_METHOD decides";
+  const char* saved = std::getenv("SGPU_START_METHOD");
+  const std::string keep = saved != nullptr ? saved : "";
+  ::unsetenv("SGPU_START_METHOD");
   auto options = sim(2);
   options.start_method = sgpu::StartMethod::kExec;
-  const std::vector<Seen> seen = sgpu::distributed(look_around, options).distributed(0);
-  // An exec'd rank's parent is this process.
-  EXPECT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[0].parent_is_rank_parent, "yes");
+  const std::vector<Seen> exec_seen = sgpu::distributed(look_around, options).distributed(0);
+  options.start_method = sgpu::StartMethod::kForkServer;
+  const std::vector<Seen> fork_seen = sgpu::distributed(look_around, options).distributed(0);
+  if (saved != nullptr) ::setenv("SGPU_START_METHOD", keep.c_str(), 1);
+  ASSERT_EQ(exec_seen.size(), 2u);
+  for (const Seen& s : exec_seen) EXPECT_EQ(s.parent, ::getpid());
+  ASSERT_EQ(fork_seen.size(), 2u);
+  ASSERT_NE(sgpu::launcher::fork_server_pid(), 0);
+  for (const Seen& s : fork_seen) EXPECT_EQ(s.parent, sgpu::launcher::fork_server_pid());
 }
 
 TEST(StartMethod, UnknownStartMethodIsAConfigError) {
