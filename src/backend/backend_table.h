@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "contract/rank_env.h"
 
 namespace sgpu::backend {
 
@@ -22,6 +23,10 @@ const std::vector<BackendEntry>& backend_table();
 
 // The backend called `name` ("cuda", "sim"). Throws ConfigError naming the known ones.
 const Backend& find_backend(std::string_view name);
+
+// In a rank: the backend the launcher chose for it (SGPU_RANK_BACKEND; "sim" when unset,
+// as in a rank started by hand).
+const Backend& rank_backend(const contract::RankEnvironment& env);
 
 // Resolves Options::backend and SGPU_BACKEND ("auto" -> "cuda" when a GPU is visible).
 // Throws ConfigError for an unknown name and AcceleratorMismatchError when "auto" finds

@@ -443,6 +443,11 @@ class CallImpl final : public detail::Call {
     const auto& ranks = *options_.console_ranks;
     return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
   }
+  bool any_rank_on_console() const {
+    for (int rank = 0; rank < options_.gpus; ++rank)
+      if (shows_on_console(rank)) return true;
+    return false;
+  }
 
   void start_ranks() {
     slots_.resize(static_cast<std::size_t>(options_.gpus));
@@ -824,8 +829,7 @@ class CallImpl final : public detail::Call {
       memory.push_back(serialize::read_memory_record(slot.folder.memory()).value_or(MemoryStats{}));
       comm.push_back(comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
     }
-    if (kind_ != CallKind::kProgram &&
-        (!options_.console_ranks || !options_.console_ranks->empty())) {
+    if (kind_ != CallKind::kProgram && any_rank_on_console()) {
       if (const std::string line = comm_summary(comm); !line.empty()) {
         if (spec_.console) {
           spec_.console(STDERR_FILENO, line);

@@ -10,15 +10,13 @@ namespace sgpu {
 MemoryStats memory_stats() {
   if (!is_rank()) return {};
   const contract::RankEnvironment env = contract::read_rank_environment();
-  return backend::find_backend(env.backend.empty() ? "sim" : env.backend)
-      .memory_stats(env.device_index);
+  return backend::rank_backend(env).memory_stats(env.device_index);
 }
 
 void reset_peak_memory_stats() {
   if (!is_rank()) return;
   const contract::RankEnvironment env = contract::read_rank_environment();
-  backend::find_backend(env.backend.empty() ? "sim" : env.backend)
-      .reset_peak_memory_stats(env.device_index);
+  backend::rank_backend(env).reset_peak_memory_stats(env.device_index);
 }
 
 HostMemory::HostMemory() { ++contract::host_memory_depth(); }

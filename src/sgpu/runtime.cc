@@ -36,7 +36,7 @@ int node_rank() { return is_rank() ? rank_env_int(contract::kNodeRankVar, 0) : 0
 std::string device() {
   if (!is_rank()) return "cpu";
   const contract::RankEnvironment env = contract::read_rank_environment();
-  return backend::find_backend(env.backend.empty() ? "sim" : env.backend).device(env.device_index);
+  return backend::rank_backend(env).device(env.device_index);
 }
 
 }  // namespace sgpu

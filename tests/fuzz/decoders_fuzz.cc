@@ -31,7 +31,7 @@
 #include "sgpu/checkpoint/manifest.h"
 #include "sgpu/errors.h"
 #include "sgpu/options.h"
-#include "sgpu/parallel/zero.h"
+#include "sgpu/parallel/zero_config.h"
 #include "sim/faults.h"
 #include "sim/node_spec.h"
 #include "tracking/pending.h"

@@ -37,6 +37,10 @@ const Backend& find_backend(std::string_view name) {
                     known_backends_text() + " and \"auto\"");
 }
 
+const Backend& rank_backend(const contract::RankEnvironment& env) {
+  return find_backend(env.backend.empty() ? "sim" : env.backend);
+}
+
 const Backend& choose_backend(const Options& options) {
   std::string name = options.backend;
   if (const char* env = std::getenv("SGPU_BACKEND"); env != nullptr && *env != '\0') name = env;

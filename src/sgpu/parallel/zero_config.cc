@@ -1,12 +1,10 @@
-// ZeroConfig::parse: DeepSpeed's JSON configuration, the keys sgpu's ZeRO understands
-// (sgpu/parallel/zero.h). Apart from the engine, so that it builds without libtorch's
-// optimizers (the decoders' fuzz target links it alone).
+#include "sgpu/parallel/zero_config.h"
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "sgpu/errors.h"
-#include "sgpu/parallel/zero.h"  // ZeroConfig
 
 namespace sgpu::parallel {
 namespace {
