@@ -20,9 +20,15 @@ def is_rank() -> bool:
     return os.environ.get("SGPU_ROLE") == "worker"
 
 
+def _in_a_call() -> bool:
+    """Inside a function's rank, or inside a program that `sgpu run` started as a rank (it
+    has its rank's folder, not the role: the program may make calls of its own)."""
+    return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
+
+
 def _env_int(name: str, fallback: int) -> int:
     value = os.environ.get(name, "")
-    return int(value) if is_rank() and value else fallback
+    return int(value) if _in_a_call() and value else fallback
 
 
 def get_global_rank() -> int:
@@ -62,7 +68,7 @@ def device():
     rank."""
     import torch
 
-    if is_rank() and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
+    if _in_a_call() and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
         return torch.device("cuda", _env_int("SGPU_DEVICE_INDEX", 0))
     return torch.device("cpu")
 

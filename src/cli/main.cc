@@ -65,7 +65,9 @@ std::vector<int> parse_ranks(const std::string& text) {
 
 int run(sgpu::Options options, const std::vector<std::string>& command) {
   try {
-    sgpu::detail::start_program(options, command)->wait();
+    const std::shared_ptr<sgpu::detail::Call> call = sgpu::detail::start_program(options, command);
+    call->wait();
+    call->results_taken();  // a success: the run folder goes, unless --keep-run-dir
     return 0;
   } catch (const sgpu::TimeoutError& e) {
     std::cerr << e.what() << std::endl;
@@ -158,7 +160,7 @@ int main(int argc, char** argv) {
   std::string gpu_type, backend = "auto", timeout = "10800", hang_timeout = "600", log_dir, ranks,
                         run_name;
   std::string experiment;
-  bool no_tracking = false;
+  bool no_tracking = false, keep_run_dir = false;
   std::vector<std::string> command;
   run_cmd->add_option("--gpus", gpus, "Ranks to start, one per GPU")->capture_default_str();
   run_cmd->add_option("--gpu-type", gpu_type, "GPU type the node must have (detected if unset)");
@@ -171,6 +173,9 @@ int main(int argc, char** argv) {
                    "none (SGPU_HANG_TIMEOUT overrides)")
       ->capture_default_str();
   run_cmd->add_option("--log-dir", log_dir, "Where run folders go");
+  run_cmd->add_flag("--keep-run-dir", keep_run_dir,
+                    "Keep the run folder (the ranks' logs) after a success too; a failure's "
+                    "is always kept");
   run_cmd->add_option("--ranks", ranks, "Ranks whose output the console shows, e.g. 0,3");
   run_cmd->add_option("--run-name", run_name, "Name of the launch in errors and of its MLflow run");
   run_cmd->add_option("--experiment", experiment,
@@ -249,6 +254,7 @@ int main(int argc, char** argv) {
   options.gpu_type = gpu_type;
   options.backend = backend;
   options.runs_dir = log_dir;
+  options.keep_run_dir = keep_run_dir;
   options.name = run_name;
   options.experiment = experiment;
   options.tracking = !no_tracking;

@@ -42,6 +42,33 @@ def test_what_a_rank_started_dies_when_sgpu_run_is_killed(tmp_path):
     assert wait_until(lambda: processes_with_marker(marker) == [], limit=10), processes_with_marker(marker)
 
 
+def test_a_programs_ranks_know_their_places_through_the_rank_helpers(tmp_path):
+    code, out, err = run(tmp_path, """
+        import os, sgpu
+        print("place", sgpu.get_global_rank(), sgpu.get_local_rank(), sgpu.get_world_size(),
+              sgpu.get_local_world_size(), sgpu.get_node_rank(), os.environ["RANK"], sgpu.device())
+        """, "--gpus", "3", env={"SGPU_TRACKING": "off"})
+    assert code == 0, err
+    places = sorted(line.split("place ", 1)[1] for line in out.splitlines() if "place " in line)
+    assert places == [f"{r} {r} 3 3 0 {r} cpu" for r in range(3)], out
+
+
+@pytest.mark.parametrize("flags, fails, kept", [((), False, False), (("--keep-run-dir",), False, True),
+                                                ((), True, True)])
+def test_a_successful_launch_removes_its_run_folder_unless_asked_to_keep_it(tmp_path, flags, fails, kept):
+    runs = tmp_path / "runs"
+    code, _, err = run(tmp_path, f"""
+        import os, sys
+        print("logged", flush=True)
+        sys.exit(3 if {fails} and os.environ["RANK"] == "1" else 0)  # rank 1 logs before it fails
+        """, "--gpus", "2", "--log-dir", str(runs), *flags, env={"SGPU_TRACKING": "off"})
+    assert code == (3 if fails else 0), err
+    folders = list(runs.iterdir())
+    assert len(folders) == (1 if kept else 0), folders
+    if kept:
+        assert (folders[0] / "rank-1" / "stdout.log").read_text() == "logged\n"
+
+
 def test_what_a_program_left_behind_dies_when_it_ends(tmp_path):
     marker = f"SGPU_TEST_MARKER={os.getpid()}-run-orphans"
     code, out, err = run(tmp_path, """
