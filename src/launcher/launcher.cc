@@ -15,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "backend/backend_table.h"
@@ -935,12 +936,19 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
   std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(run_request);
   try {
     const std::filesystem::path run_dir = launcher::make_run_dir(options);
-    if (kind == CallKind::kFunction) {
-      serialize::write_record_file(contract::RunFolder{run_dir}.call(),
-                                   serialize::RecordKind::kCall, serialize::to_bytes(record));
-    } else if (kind == CallKind::kWorker) {
-      serialize::write_record_file(contract::RunFolder{run_dir}.call(),
-                                   serialize::RecordKind::kWorkerCall, spec.payload);
+    if (tracking) tracking->hold_in_flight(run_dir);  // ended KILLED should this process die
+    try {
+      if (kind == CallKind::kFunction) {
+        serialize::write_record_file(contract::RunFolder{run_dir}.call(),
+                                     serialize::RecordKind::kCall, serialize::to_bytes(record));
+      } else if (kind == CallKind::kWorker) {
+        serialize::write_record_file(contract::RunFolder{run_dir}.call(),
+                                     serialize::RecordKind::kWorkerCall, spec.payload);
+      }
+    } catch (const std::system_error& e) {  // a full or read-only runs folder, say
+      throw Error("cannot stage the call in its run folder: " + std::string(e.what()) +
+                  "; free space there, or put run folders elsewhere (" +
+                  contract::spell("runs_dir") + ", SGPU_RUNS_DIR)");
     }
     spec.payload.clear();  // staged: the ranks read it from call.bin
     auto call = std::make_shared<launcher::CallImpl>(

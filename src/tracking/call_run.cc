@@ -7,6 +7,7 @@
 
 #include "contract/rank_env.h"
 #include "sgpu/config.h"
+#include "sgpu/errors.h"
 #include "tracking/active_run.h"
 #include "tracking/pending.h"
 #include "tracking/validation.h"
@@ -131,6 +132,15 @@ std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() con
   return environment;
 }
 
+void CallRun::hold_in_flight(const std::filesystem::path& run_dir) {
+  try {
+    in_flight_ = std::make_unique<InFlightRecord>(run_dir, store_->uri(), info_.run_id);
+  } catch (const TrackingError& e) {
+    std::cerr << "sgpu: " << e.what() << "; should this process be killed outright, run "
+              << info_.run_id << " stays RUNNING" << std::endl;
+  }
+}
+
 std::string CallRun::link() const { return store_->run_link(info_); }
 
 bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir,
@@ -148,13 +158,18 @@ bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir,
       last_error = e.what();
     }
   }
+  // The in-flight record goes (ended), or becomes the pending one, before its lock does.
+  const std::unique_ptr<InFlightRecord> in_flight = std::move(in_flight_);
+  if (ended && in_flight) in_flight->remove();
+  const std::filesystem::path folder =
+      !run_dir.empty() || !in_flight ? run_dir : in_flight->run_dir();
   if (!ended) {
     std::string kept = "nothing could be kept (the call has no run folder)";
-    if (!run_dir.empty()) {
+    if (!folder.empty()) {
       try {
-        write_pending(run_dir, {store_->uri(), info_.run_id, status, end_time,
-                                folder_kept_for_tracking_only});
-        kept = "what is left is kept in " + run_dir.string() +
+        write_pending(folder, {store_->uri(), info_.run_id, status, end_time,
+                               folder_kept_for_tracking_only && folder == run_dir});
+        kept = "what is left is kept in " + folder.string() +
                "; `sgpu tracking sync` sends it and ends the run (so does the next call that "
                "ends its run in this store)";
       } catch (const TrackingError& e) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "tracking/pending.h"
 #include "tracking/run_model.h"
 #include "tracking/store.h"
 
@@ -66,6 +67,10 @@ class CallRun {
   // `folder_kept_for_tracking_only`: the caller would remove `run_dir` but for this.
   bool end(RunStatus status, const std::filesystem::path& run_dir,
            bool folder_kept_for_tracking_only = false);
+  // Records the run as in flight in `run_dir` until end() (NOTE [Pending runs]), so that a
+  // later sync ends it KILLED if this process dies first. A record that cannot be written
+  // is said on stderr, and the call goes on.
+  void hold_in_flight(const std::filesystem::path& run_dir);
 
   const RunInfo& info() const { return info_; }
   // Where the run is shown: a web link for a server, the run's folder for the file store.
@@ -75,6 +80,7 @@ class CallRun {
   CallRun(std::unique_ptr<Store> store, RunInfo info);
   std::unique_ptr<Store> store_;
   RunInfo info_;
+  std::unique_ptr<InFlightRecord> in_flight_;
 };
 
 struct OpenedRun {

@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <optional>
 #include <system_error>
 
+#include "sgpu/errors.h"
 #include "tracking/spool.h"
 
 namespace sgpu::tracking {
@@ -36,7 +40,58 @@ class RecordLock {
   int fd_;
 };
 
+// When anything in the folder last changed, in ms since the epoch: a dead caller's ranks
+// write their logs until they die.
+std::int64_t last_change_ms(const fs::path& folder) {
+  std::error_code ec;
+  fs::file_time_type latest = fs::last_write_time(folder, ec);
+  for (auto it = fs::recursive_directory_iterator(folder, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    const fs::file_time_type at = it->last_write_time(ec);
+    if (!ec && at > latest) latest = at;
+  }
+  const auto since_epoch = std::chrono::file_clock::to_sys(latest);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch.time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+InFlightRecord::InFlightRecord(const fs::path& run_dir, const std::string& uri,
+                               const std::string& run_id)
+    : run_dir_(run_dir) {
+  const fs::path record = contract::RunFolder{run_dir}.tracking_pending();
+  const fs::path staged = record.string() + ".in-flight";
+  const std::string text = pending_text(
+      {uri, run_id, RunStatus::kKilled, 0, /*remove_folder=*/false, /*in_flight=*/true});
+  // Locked before it has its name: a sync never sees it unlocked while this caller lives.
+  fd_ = ::open(staged.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool written = fd_ >= 0 && ::flock(fd_, LOCK_EX) == 0;
+  for (std::size_t at = 0; written && at < text.size();) {
+    const ssize_t n = ::write(fd_, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    written = n > 0;
+    at += written ? static_cast<std::size_t>(n) : 0;
+  }
+  if (!written || ::rename(staged.c_str(), record.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    std::error_code ec;
+    fs::remove(staged, ec);
+    throw TrackingError("tracking: cannot record the run in flight in " + record.string() + ": " +
+                        why);
+  }
+}
+
+InFlightRecord::~InFlightRecord() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InFlightRecord::remove() {
+  std::error_code ec;
+  fs::remove(contract::RunFolder{run_dir_}.tracking_pending(), ec);
+}
 
 SpoolSend send_spools(Store& store, const fs::path& run_dir) {
   SpoolSend result;
@@ -80,13 +135,16 @@ std::vector<SyncedRun> sync_pending_runs(const fs::path& runs_dir, const std::st
     synced.folder = folder;
     synced.run_id = pending->run_id;
     synced.status = status_name(pending->status);
+    synced.caller_died = pending->in_flight;  // locked by us: its caller is gone
+    const std::int64_t end_time =
+        pending->in_flight ? last_change_ms(folder) : pending->end_time_ms;
     try {
       std::unique_ptr<Store> store = open_store(pending->uri);
       const SpoolSend sent = send_spools(*store, folder);
       synced.entries = sent.entries;
       synced.error = sent.error;
       if (sent.complete) {
-        store->end_run(pending->run_id, pending->status, pending->end_time_ms);
+        store->end_run(pending->run_id, pending->status, end_time);
         synced.ended = synced.done = true;
       }
     } catch (const StoreError& e) {
@@ -113,6 +171,10 @@ std::string describe(const SyncedRun& synced) {
   if (!synced.done) return run + " is still pending: " + synced.error;
   if (!synced.ended) {
     return run + ": the store refused to end it (" + synced.error + "); it is no longer pending";
+  }
+  if (synced.caller_died) {
+    return run + ", left running by a caller that died: " + std::to_string(synced.entries) +
+           " entries sent, ended " + synced.status + " at the folder's last change";
   }
   return run + ", pending since its call ended: " + std::to_string(synced.entries) +
          " entries sent, ended " + synced.status +

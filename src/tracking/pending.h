@@ -13,6 +13,14 @@
 // when it was kept only for them). The record is locked while a folder is sent
 // (flock), so two processes never send one folder at once; a metric sent twice (a sync
 // cut short, say) is one point in MLflow, which deduplicates them.
+//
+// A caller killed outright (SIGKILL, the OOM killer) ends nothing. So that its run does
+// not stay RUNNING for ever, the caller writes the record as soon as the run folder exists,
+// marked in flight with status KILLED and no end time, and holds a lock on it (flock)
+// until the call ends, when the record is removed, or replaced by the real pending one.
+// The kernel drops the lock with the caller however it dies, so a sync that can take the
+// lock on an in-flight record knows its caller is gone: it ends the run KILLED, at the
+// time the folder last changed (the ranks' last words), and sends what they spooled.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +45,35 @@ struct PendingRun {
   RunStatus status = RunStatus::kFinished;
   std::int64_t end_time_ms = 0;
   bool remove_folder = false;  // the folder was kept only for what is unsent
+  bool in_flight = false;      // written while the call runs: its caller died if unlocked
 };
 
 // Writes run_dir/tracking-pending.json (whole, through a rename). Throws TrackingError.
 void write_pending(const std::filesystem::path& run_dir, const PendingRun& pending);
+// The record's text, as write_pending() and InFlightRecord write it.
+std::string pending_text(const PendingRun& pending);
 // What a tracking-pending.json holds; nullopt when it is missing or not such a record (not
 // JSON, no uri or run_id, a field of the wrong type), which a sync leaves alone.
 std::optional<PendingRun> read_pending(const std::filesystem::path& record);
+
+// The record of a call in flight, locked while this object lives (see the NOTE above).
+class InFlightRecord {
+ public:
+  // Writes run_dir/tracking-pending.json for `run` (status KILLED, in flight), locked from
+  // before it appears. Throws TrackingError when it cannot be written.
+  InFlightRecord(const std::filesystem::path& run_dir, const std::string& uri,
+                 const std::string& run_id);
+  ~InFlightRecord();  // the lock goes; the record stays (replaced or removed first)
+  InFlightRecord(const InFlightRecord&) = delete;
+  InFlightRecord& operator=(const InFlightRecord&) = delete;
+  const std::filesystem::path& run_dir() const { return run_dir_; }
+  // Removes the record (the run is ended), still locked, so no sync can take it.
+  void remove();
+
+ private:
+  std::filesystem::path run_dir_;
+  int fd_ = -1;
+};
 
 // What sending a folder's spools did.
 struct SpoolSend {
@@ -60,11 +90,12 @@ SpoolSend send_spools(Store& store, const std::filesystem::path& run_dir);
 struct SyncedRun {
   std::filesystem::path folder;
   std::string run_id;
-  std::string status;       // the status it was ended with, or is to be
-  std::size_t entries = 0;  // sent now
-  bool ended = false;       // the run has its status now
-  bool done = false;        // nothing is pending any more: ended, or refused for good
-  std::string error;        // the last failure or refusal
+  std::string status;        // the status it was ended with, or is to be
+  std::size_t entries = 0;   // sent now
+  bool ended = false;        // the run has its status now
+  bool caller_died = false;  // an in-flight record whose caller is gone
+  bool done = false;         // nothing is pending any more: ended, or refused for good
+  std::string error;         // the last failure or refusal
 };
 
 // Sends the pending folders directly under `runs_dir` (only those for the store at

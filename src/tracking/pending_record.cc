@@ -28,6 +28,7 @@ std::optional<PendingRun> read_pending(const fs::path& record) {
     p.status = status_from_name(j.value("status", "FAILED"));
     p.end_time_ms = j.value("end_time_ms", std::int64_t{0});
     p.remove_folder = j.value("remove_folder", false);
+    p.in_flight = j.value("in_flight", false);
   } catch (const json::exception&) {  // a field of the wrong type: not a record of ours
     return std::nullopt;
   }
@@ -35,15 +36,20 @@ std::optional<PendingRun> read_pending(const fs::path& record) {
   return p;
 }
 
+std::string pending_text(const PendingRun& pending) {
+  json j = {{"uri", pending.uri},
+            {"run_id", pending.run_id},
+            {"status", status_name(pending.status)},
+            {"end_time_ms", pending.end_time_ms},
+            {"remove_folder", pending.remove_folder}};
+  if (pending.in_flight) j["in_flight"] = true;
+  return j.dump(2) + "\n";
+}
+
 void write_pending(const fs::path& run_dir, const PendingRun& pending) {
-  const json j = {{"uri", pending.uri},
-                  {"run_id", pending.run_id},
-                  {"status", status_name(pending.status)},
-                  {"end_time_ms", pending.end_time_ms},
-                  {"remove_folder", pending.remove_folder}};
   const fs::path path = contract::RunFolder{run_dir}.tracking_pending();
   try {
-    contract::write_file_atomically(path, j.dump(2) + "\n");
+    contract::write_file_atomically(path, pending_text(pending));
   } catch (const std::system_error& e) {
     throw TrackingError(std::string("tracking: cannot record the pending run: ") + e.what());
   }

@@ -162,3 +162,43 @@ def test_mlflow_and_sgpu_logging_in_a_scripts_ranks_both_arrive_once(tmp_path):
         for key in (f"mlflow/r{rank}", f"sgpu/r{rank}"):
             history = client.get_metric_history(run_.info.run_id, key)
             assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(points)], key
+
+
+def test_the_run_of_a_caller_killed_outright_is_ended_killed_by_the_next_sync(tmp_path):
+    database = "sqlite:///" + str(tmp_path / "mlflow.db")
+    runs = tmp_path / "runs"
+    marker = f"SGPU_TEST_MARKER={os.getpid()}-run-sigkill-tracked"
+    child = run(tmp_path, """
+        import os, time
+        print("up", flush=True)
+        time.sleep(1000)
+        """, "--gpus", "2", "--log-dir", str(runs),
+                env={"MLFLOW_TRACKING_URI": database, "SGPU_TEST_MARKER": marker.split("=", 1)[1]},
+                wait=False)
+    assert wait_until(lambda: len(processes_with_marker(marker)) == 5), processes_with_marker(marker)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=database)
+
+    def status():
+        return [r.info.status for r in client.search_runs(experiment_ids=["0"])]
+
+    def sync():
+        return subprocess.run([SGPU, "tracking", "sync", "--log-dir", str(runs)],
+                              capture_output=True, text=True, timeout=60)
+
+    synced = sync()  # the caller lives: its record is locked, and left alone
+    assert synced.returncode == 0, synced.stderr
+    assert status() == ["RUNNING"]
+    child.kill()
+    child.communicate()
+    assert wait_until(lambda: processes_with_marker(marker) == [], limit=10)
+    assert status() == ["RUNNING"]  # nobody was left to end it
+    synced = sync()
+    assert synced.returncode == 0, synced.stderr
+    assert "left running by a caller that died" in synced.stderr + synced.stdout
+    (ended,) = client.search_runs(experiment_ids=["0"])
+    assert ended.info.status == "KILLED"
+    assert ended.info.end_time >= ended.info.start_time
+    assert sync().returncode == 0 and status() == ["KILLED"]  # ended once; nothing left pending
+    assert not list(runs.glob("*/tracking-pending.json"))

@@ -23,6 +23,7 @@
 
 #include "sgpu/config.h"
 #include "testing/temp_dir.h"
+#include "tracking/call_run.h"
 #include "tracking/file/file_store.h"
 #include "tracking/log_batch.h"
 #include "tracking/pending.h"
@@ -544,6 +545,79 @@ TEST(PendingRuns, AStoreStillUnreachableLeavesEverythingAndAFolderBeingSentIsSki
   ::waitpid(child, &status, 0);
   ::close(fd);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a locked folder was sent";
+}
+
+// NOTE [Pending runs]: a call's run is recorded in flight, locked while its caller lives.
+// Once the lock is gone with the caller, a sync ends the run KILLED at the time the folder
+// last changed and sends what the ranks spooled.
+TEST(PendingRuns, ARunInFlightIsLeftAloneWhileItsCallerLivesAndEndedKilledOnceItDies) {
+  const fs::path root = temp_root();
+  const fs::path runs = root.parent_path() / "runs";
+  FileStore store(root);
+  const RunInfo run = store.create_run("0", "killed", 1700000000000, {});
+  const fs::path folder = runs / "in-flight";
+  fs::create_directories(folder / "rank-0");
+  auto caller = std::make_unique<InFlightRecord>(folder, store.uri(), run.run_id);
+  const std::optional<PendingRun> record = read_pending(folder / kPendingName);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_TRUE(record->in_flight);
+  EXPECT_EQ(record->status, RunStatus::kKilled);
+  Batch batch;
+  batch.metrics.push_back({"loss", 0.25, 1700000001000, 1});
+  spool_batch(folder / "rank-0" / kSpoolName, run.run_id, batch);
+  std::ofstream(folder / "rank-0" / "stderr.log") << "the rank's last words\n";
+  // Everything in the folder changed by 1700000002 s, the log last, at 1700000003 s.
+  const auto at = [](std::int64_t seconds) {
+    return std::chrono::file_clock::from_sys(
+        std::chrono::sys_seconds(std::chrono::seconds(seconds)));
+  };
+  for (const fs::path& path :
+       {folder / kPendingName, folder / "rank-0" / kSpoolName, folder / "rank-0", folder}) {
+    fs::last_write_time(path, at(1700000002));
+  }
+  fs::last_write_time(folder / "rank-0" / "stderr.log", at(1700000003));
+
+  EXPECT_TRUE(sync_pending_runs(runs, store.uri()).empty()) << "a live caller's run was taken";
+  EXPECT_EQ(store.get_run(run.run_id).status, RunStatus::kRunning);
+  caller.reset();  // the caller dies: the kernel drops its lock
+  const auto synced = sync_pending_runs(runs, store.uri());
+  ASSERT_EQ(synced.size(), 1u);
+  EXPECT_TRUE(synced[0].done && synced[0].ended && synced[0].caller_died) << describe(synced[0]);
+  EXPECT_NE(
+      describe(synced[0]).find("left running by a caller that died: 1 entries sent, ended KILLED"),
+      std::string::npos)
+      << describe(synced[0]);
+  const RunInfo ended = store.get_run(run.run_id);
+  EXPECT_EQ(ended.status, RunStatus::kKilled);
+  EXPECT_EQ(ended.end_time_ms, 1700000003000);
+  EXPECT_EQ(lines_of(root / "0" / run.run_id / "metrics" / "loss"),
+            (std::vector<std::string>{"1700000001000 0.25 1"}));
+  EXPECT_TRUE(fs::exists(folder / "rank-0" / "stderr.log"));  // the evidence stays
+  EXPECT_FALSE(fs::exists(folder / kPendingName));
+  EXPECT_TRUE(sync_pending_runs(runs, store.uri()).empty());
+}
+
+// A call that ends its run leaves no in-flight record behind, so no later sync turns its
+// FINISHED or FAILED into KILLED; a run it could not end becomes an ordinary pending one.
+TEST(PendingRuns, ACallThatEndsItsRunLeavesNoInFlightRecord) {
+  const fs::path root = temp_root();
+  const fs::path runs = root.parent_path() / "runs";
+  CallRunRequest request;
+  request.tracking_uri = "file://" + root.string();
+  request.run_name = "failed";
+  std::unique_ptr<CallRun> call = CallRun::begin(request);
+  ASSERT_NE(call, nullptr);
+  const fs::path folder = runs / "failed";
+  fs::create_directories(folder);
+  call->hold_in_flight(folder);
+  ASSERT_TRUE(fs::exists(folder / kPendingName));
+  EXPECT_TRUE(call->end(RunStatus::kFailed, folder));
+  EXPECT_FALSE(fs::exists(folder / kPendingName));
+  const std::string run_id = call->info().run_id;
+  call.reset();
+  EXPECT_TRUE(sync_pending_runs(runs).empty());
+  FileStore store(root);
+  EXPECT_EQ(store.get_run(run_id).status, RunStatus::kFailed);
 }
 
 // A record that is not one of ours (a field of the wrong type, not JSON) is left alone,
