@@ -253,7 +253,15 @@ class Handle:
             self._settle()
         kind, value = self._outcome
         if kind == "error":
-            raise value
+            try:
+                raise value
+            finally:
+                # The raise puts this frame in the error's traceback, and the error is kept
+                # in self._outcome: without this, handle and error hold each other (and the
+                # call's resources) until the cyclic collector runs, as
+                # concurrent.futures.Future breaks the same cycle.
+                self = None  # noqa: PLW0642
+                value = None
         return value
 
     def memory_stats(self, timeout: Optional[float] = None) -> list:
@@ -300,6 +308,9 @@ class Handle:
         try:
             raw = self._call.results()
         except errors.DistributedError as error:
+            # Kept without its traceback, whose frames (this one) hold the handle: result()
+            # raises it with one of its own.
+            error = error.with_traceback(None)
             self._outcome = ("error", _with_remote_exception(error, self._max_bytes))
             return
         values = []
@@ -310,7 +321,7 @@ class Handle:
                 try:
                     self._call.raise_bad_result(rank, f"{type(error).__name__}: {error}")
                 except errors.DistributedError as bad:
-                    self._outcome = ("error", bad)
+                    self._outcome = ("error", bad.with_traceback(None))
                     return
         self._call.results_taken()
         self._outcome = ("ok", values)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include "launcher/program.h"
 #include "launcher/rank_main.h"
@@ -173,6 +175,15 @@ class ServerHandle {
     return running_locked() ? pid_ : 0;
   }
 
+  // A channel closed under a call: the server is dying (its descriptors close before it
+  // ends). Reaps it, waiting up to 2 s, so no zombie of it outlives the call.
+  void reap_dying() {
+    std::lock_guard lock(mutex_);
+    for (int i = 0; i < 200 && running_locked(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
  private:
   explicit ServerHandle(std::vector<std::string> command) : command_(std::move(command)) {}
 
@@ -235,7 +246,7 @@ std::vector<std::string> own_server_command() {
 class ForkServerStarter final : public RankStarter {
  public:
   explicit ForkServerStarter(const std::vector<std::string>& command)
-      : channel_(ServerHandle::instance(command).open_channel()) {}
+      : server_(ServerHandle::instance(command)), channel_(server_.open_channel()) {}
   ~ForkServerStarter() override { release(); }
 
   pid_t start(const SpawnRequest& request) override {
@@ -308,6 +319,7 @@ class ForkServerStarter final : public RankStarter {
   // The server died: its ranks died with it (their parent-death signal kills their groups).
   void server_gone() {
     channel_.reset();
+    server_.reap_dying();
     for (pid_t pid : started_) {
       const bool seen =
           std::any_of(reported_.begin(), reported_.end(), [&](pid_t p) { return p == pid; });
@@ -315,6 +327,7 @@ class ForkServerStarter final : public RankStarter {
     }
   }
 
+  ServerHandle& server_;
   UniqueFd channel_;
   std::vector<pid_t> started_;
   std::vector<pid_t> reported_;

@@ -670,6 +670,7 @@ class CallImpl final : public detail::Call {
     // unsent, it goes once that is sent (tracking/pending.h).
     const bool kept_for_tracking_only = outcome == Outcome::kSucceeded && !options_.keep_run_dir;
     tracking_unsent_ = !tracking_->end(status, run_dir_, kept_for_tracking_only);
+    tracking_.reset();  // its store's connection: a finished call a handle keeps holds none
   }
 
   // The culprit's stack as the error quotes it, and where the others are; "" without.
@@ -858,9 +859,9 @@ class CallImpl final : public detail::Call {
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
   const std::filesystem::path run_dir_;
-  const std::unique_ptr<tracking::CallRun> tracking_;
-  const Timeout hang_timeout_;       // nullopt: never judged hung
-  CollectiveDiagnosis collectives_;  // what the rings said when the call went wrong
+  std::unique_ptr<tracking::CallRun> tracking_;  // released once its run is ended
+  const Timeout hang_timeout_;                   // nullopt: never judged hung
+  CollectiveDiagnosis collectives_;              // what the rings said when the call went wrong
   const std::string tracking_link_;
   bool tracking_unsent_ = false;  // spooled entries are still in the run folder
   UniqueFd cancel_fd_;

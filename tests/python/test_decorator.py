@@ -77,6 +77,72 @@ def test_a_ranks_exception_is_raised_as_itself_with_the_remote_traceback():
     assert [row.kind for row in cause.ranks] == ["terminated", "terminated", "exception"]
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_finished_call_holds_no_store_and_its_handle_goes_with_its_last_reference(
+        fails, tmp_path, monkeypatch):
+    """A handle kept after its call holds no connection to the MLflow database, and, without
+    the cyclic collector, a failed call's error does not keep its handle (and what the call
+    holds) alive once the caller lets go of both."""
+    import gc
+    import weakref
+
+    database = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+
+    @distributed(gpus=2)
+    def maybe_fail():
+        if fails:
+            raise ValueError("planned")
+        return sgpu.get_global_rank()
+
+    def descriptors():
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the listing's own
+                pass
+        return sorted(found)
+
+    distributed(gpus=2)(sgpu.get_global_rank).distributed()  # the fork server, once
+    before = descriptors()
+    gc.disable()
+    try:
+        handle = maybe_fail.launch()
+        values = None
+        try:
+            values = handle.result()  # not inside an assert, whose rewriting keeps handle.result
+        except ValueError:
+            pass
+        assert values == (None if fails else [0, 1])
+        assert not [d for d in descriptors() if d.startswith(str(database))], descriptors()
+        gone = weakref.ref(handle)
+        del handle
+        assert gone() is None, "the handle is kept alive by a reference cycle"
+        assert descriptors() == before
+    finally:
+        gc.enable()
+
+
+def test_a_runs_folder_too_full_for_the_call_is_an_sgpu_error_naming_it(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sgpu-test", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (as root it can): {mounted.stderr.strip()}")
+    try:
+        fn = distributed(gpus=2, runs_dir=str(small), tracking=False)(lambda blob: len(blob))
+        with pytest.raises(sgpu.Error, match="No space left on device") as caught:
+            fn.distributed(b"x" * (2 << 20))
+        assert type(caught.value) is sgpu.Error
+        assert f"cannot stage the call in its run folder: cannot write {small}/" in str(caught.value)
+        assert "runs_dir" in str(caught.value)
+        assert fn.distributed(b"x" * 1000) == [1000, 1000]  # the next call that fits runs
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_an_exception_that_does_not_pickle_still_names_its_rank():
     class Local(Exception):
         def __reduce__(self):
