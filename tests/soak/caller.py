@@ -1,0 +1,92 @@
+"""A soak job's caller: makes its calls back to back through @sgpu.distributed, in one
+process (one fork server for them all), and says on stdout, one JSON line each, when a call
+starts and how it ended, with this process's descriptors and zombie children after it.
+
+    caller.py JOB.json"""
+
+import json
+import os
+import pathlib
+import sys
+
+import cloudpickle
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import work  # noqa: E402  (beside this file)
+
+cloudpickle.register_pickle_by_value(work)
+
+import sgpu  # noqa: E402
+
+
+def say(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def descriptors() -> dict:
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own
+            pass
+    return found
+
+
+def zombie_children() -> list:
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def outcome_of(error: BaseException) -> dict:
+    cause = error if isinstance(error, sgpu.DistributedError) else error.__cause__
+    if not isinstance(cause, sgpu.DistributedError):
+        return {"status": "error", "type": type(error).__name__, "message": str(error)}
+    root = cause.root_cause
+    found = {"status": "failed", "type": type(cause).__name__, "message": str(cause)[:4000]}
+    if root is not None:
+        found.update(rank=root.rank, kind=root.kind, exit_code=root.exit_code, signal=root.signal)
+    diagnosis = getattr(cause, "collectives", None)
+    if diagnosis is not None:
+        found["culprits"] = list(diagnosis.culprits)
+    return found
+
+
+def main() -> None:
+    job = json.loads(pathlib.Path(sys.argv[1]).read_text())
+    # The fork server first, so that every call's descriptors compare with the same start.
+    sgpu.distributed(gpus=1, tracking=False, runs_dir=job["calls"][0]["runs_dir"] + "-warm-up")(
+        sgpu.get_global_rank).distributed()
+    say(event="ready", descriptors=descriptors())
+    for index, call in enumerate(job["calls"]):
+        options = dict(gpus=call["world"], timeout=call["timeout"], hang_timeout=call["hang_timeout"],
+                       sim_faults=call["plan"], runs_dir=call["runs_dir"], name=call["name"])
+        pathlib.Path(call["dir"]).mkdir(parents=True, exist_ok=True)
+        say(event="start", call=index)
+        handle = function = None
+        try:
+            function = sgpu.distributed(**options)(work.work)
+            handle = function.launch(call["dir"], call["elements"], call["steps"], call["pause"],
+                                     b"\x5a" * call["blob_bytes"])
+            results = handle.result()
+            found = {"status": "ok", "results": results}
+        except sgpu.Error as error:  # every error sgpu raises, a rank's own re-raised included
+            found = outcome_of(error)
+        except Exception as error:  # a rank's own exception, raised as itself
+            found = outcome_of(error)
+        found["run_dir"] = handle.run_dir if handle is not None else ""
+        del handle, function  # what the call holds goes with them
+        say(event="end", call=index, descriptors=descriptors(), zombies=zombie_children(), **found)
+
+
+if __name__ == "__main__":
+    main()

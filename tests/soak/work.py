@@ -1,0 +1,49 @@
+"""What every rank of a soak call does, as a decorated function and as a program for
+`sgpu run`: say where it is (its pid, then that it has joined), then all-reduce a tensor of
+the call's size `steps` times, a pause between, checking every sum.
+
+The pid file is how the soak finds a rank to kill (a rank forked by the fork server shows
+no marker in /proc/PID/environ); the ready file says the rank has joined its group and is
+in its loop, so a kill sent then always lands while the rank works."""
+
+import os
+import pathlib
+import sys
+import time
+import zlib
+
+
+def _announce(call_dir: pathlib.Path, name: str, text: str) -> None:
+    temporary = call_dir / f".{name}.tmp"
+    temporary.write_text(text)
+    temporary.rename(call_dir / name)
+
+
+def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b"") -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import sgpu  # registers the "sgpu" backend
+
+    rank = sgpu.get_global_rank()
+    folder = pathlib.Path(call_dir)
+    _announce(folder, f"rank-{rank}.pid", str(os.getpid()))
+    dist.init_process_group("sgpu")
+    try:
+        world = dist.get_world_size()
+        expected = world * (world + 1) / 2
+        for step in range(steps):
+            values = torch.full((elements,), float(rank + 1))
+            dist.all_reduce(values)
+            if not bool(torch.all(values == expected)):
+                raise AssertionError(f"rank {rank} step {step}: sum {values[0].item()}, not {expected}")
+            if step == 0:
+                _announce(folder, f"rank-{rank}.ready", "")
+            time.sleep(pause)
+        return {"rank": rank, "world": world, "blob": zlib.crc32(blob), "bytes": len(blob)}
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # a program's rank under sgpu run: work.py DIR ELEMENTS STEPS PAUSE
+    print(work(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])), flush=True)
