@@ -11,8 +11,10 @@ import sys
 
 import cloudpickle
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "python")]
 import work  # noqa: E402  (beside this file)
+from process_table import zombie_children  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)
 
@@ -30,20 +32,6 @@ def descriptors() -> dict:
             found[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # the listing's own
             pass
-    return found
-
-
-def zombie_children() -> list:
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] == "Z" and int(fields[1]) == os.getpid():
-            found.append(int(entry.name))
     return found
 
 

@@ -28,6 +28,8 @@ import time
 from typing import Optional
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+from process_table import alive, is_fork_server, processes_with_marker, wait_until  # noqa: E402
 MARKER = "SGPU_SOAK_MARKER"
 SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
 GONE_WITHIN = 15.0  # seconds a call's processes may take to go once its caller has its outcome
@@ -270,7 +272,7 @@ class Soak:
         if target == "rank":
             pid = int((folder / f"rank-{call.kill[1]}.pid").read_text())
         elif target == "server":
-            servers = [p for p in processes_with(job.marker) if is_fork_server(p)]
+            servers = [p for p in processes_of(job) if is_fork_server(p)]
             if not servers:
                 self.problem(job, call, "no fork server to kill")
                 return
@@ -402,8 +404,8 @@ class Soak:
 
     def check_nothing_left(self, job: Job) -> None:
         """After the job's caller has ended: no process of the job's."""
-        if not wait_until(lambda: processes_with(job.marker) == [], GONE_WITHIN):
-            left = processes_with(job.marker)
+        if not wait_until(lambda: processes_of(job) == [], GONE_WITHIN):
+            left = processes_of(job)
             self.problem(job, None, f"processes left: {describe(left)}")
             for pid in left:
                 try_kill(pid)
@@ -517,43 +519,9 @@ class Soak:
 # --- reading the machine -------------------------------------------------------------
 
 
-def processes_with(marker: str) -> list:
-    wanted = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if state != "Z" and wanted in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def alive(pids) -> list:
-    """Those of `pids` still running, and every live process in their process groups."""
-    groups = set(pids)
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and (int(entry.name) in groups or int(fields[2]) in groups):
-            found.append(int(entry.name))
-    return found
-
-
-def is_fork_server(pid: int) -> bool:
-    try:
-        return b"sgpu._fork_server" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+def processes_of(job: Job) -> list:
+    """The live processes of the job: its caller and all the caller started (the marker)."""
+    return processes_with_marker(f"{MARKER}={job.marker}")
 
 
 def describe(pids) -> str:
@@ -617,16 +585,6 @@ def format_kill(kill) -> str:
     if kill is None:
         return "-"
     return " ".join([kill[0], *[str(k) for k in kill[1:-1]], SIGNALS[kill[-1]]])
-
-
-def wait_until(predicate, limit: float) -> bool:
-    deadline = time.monotonic() + limit
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
 
 
 def main() -> int:
