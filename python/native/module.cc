@@ -425,6 +425,7 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("enter_rank", &sgpu::launcher::enter_worker_rank);
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
+  m.def("arm_program_stacks", &sgpu::launcher::arm_program_stacks);
   m.def("end_rank", [](int code) {
     py::gil_scoped_release release;
     sgpu::launcher::end_worker_rank(code);

@@ -65,6 +65,7 @@ __version__ = "0.1.0"
 from sgpu import _runtime  # noqa: E402
 
 _runtime.install_process_group_hook()
+_runtime.arm_program_stacks()
 
 __all__ = [
     "AcceleratorMismatchError",

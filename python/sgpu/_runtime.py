@@ -26,6 +26,40 @@ def _in_a_call() -> bool:
     return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
 
 
+def arm_python_stacks(native) -> None:
+    """Every Python thread's traceback into rank-N/stacks/python on the caller's signal
+    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs."""
+    import faulthandler
+
+    folder = os.path.join(os.environ.get("SGPU_RANK_DIR", ""), "stacks")
+    if not os.path.isdir(folder):
+        return
+    global _STACK_FILE
+    _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - for the rank's life
+    faulthandler.register(native.python_stack_signal(), file=_STACK_FILE, all_threads=True)
+
+
+_STACK_FILE = None
+
+
+def arm_program_stacks() -> None:
+    """In the program a `sgpu run` rank supervises (not in what the program starts): its
+    native and Python stacks on the caller's signals, then its pid in
+    rank-N/stacks/program.pid, which tells the caller it may ask. Run by `import sgpu`."""
+    rank_dir = os.environ.get("SGPU_RANK_DIR", "")
+    if is_rank() or not rank_dir or os.environ.get("SGPU_SUPERVISOR_PID") != str(os.getppid()):
+        return
+    from sgpu import _native
+
+    _native.arm_program_stacks()
+    arm_python_stacks(_native)
+    folder = os.path.join(rank_dir, "stacks")
+    staged = os.path.join(folder, f".program.pid.{os.getpid()}")
+    with open(staged, "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(staged, os.path.join(folder, "program.pid"))
+
+
 def _env_int(name: str, fallback: int) -> int:
     value = os.environ.get(name, "")
     return int(value) if _in_a_call() and value else fallback

@@ -74,20 +74,6 @@ def _restore_sources(function, header: dict) -> None:
                     stack.append(value)
 
 
-def _arm_python_stacks(native) -> None:
-    """Every Python thread's traceback into rank-N/stacks/python on the caller's signal
-    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs."""
-    import faulthandler
-
-    folder = os.path.join(os.environ.get("SGPU_RANK_DIR", ""), "stacks")
-    if not os.path.isdir(folder):
-        return
-    global _STACK_FILE
-    _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - for the rank's life
-    faulthandler.register(native.python_stack_signal(), file=_STACK_FILE, all_threads=True)
-
-
-_STACK_FILE = None
 
 
 def main() -> None:
@@ -95,7 +81,7 @@ def main() -> None:
 
     _native.enter_rank()
     rank = _runtime.get_global_rank()
-    _arm_python_stacks(_native)
+    _runtime.arm_python_stacks(_native)
     # A rank forked from the fork server keeps the server's torch thread count otherwise.
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:

@@ -38,6 +38,9 @@ inline constexpr const char* kRecorderEntriesVar = "SGPU_RECORDER_ENTRIES";  // 
 // NOTE [The collective model]); the sim backend sets it from its node spec, a user may set
 // it for any backend.
 inline constexpr const char* kPlatformVar = "SGPU_PLATFORM";
+// In a program `sgpu run` started: its rank's supervisor, the program's parent. The program
+// itself (not what it starts) arms its stack dumps when it imports sgpu (NOTE [Stack dumps]).
+inline constexpr const char* kSupervisorVar = "SGPU_SUPERVISOR_PID";
 
 struct RankEnvironment {
   int rank = 0;

@@ -72,6 +72,10 @@ std::filesystem::path stacks_dir(const std::filesystem::path& rank_dir) {
   return rank_dir / "stacks";
 }
 
+std::filesystem::path program_pid_file(const std::filesystem::path& rank_dir) {
+  return stacks_dir(rank_dir) / "program.pid";
+}
+
 void arm_stack_dump(const std::filesystem::path& rank_dir) {
   if (rank_dir.empty()) return;
   const std::string dir = stacks_dir(rank_dir).string() + "/";

@@ -19,6 +19,10 @@ int python_stack_signal();  // SIGRTMIN + 5
 
 // rank-N/stacks/
 std::filesystem::path stacks_dir(const std::filesystem::path& rank_dir);
+// rank-N/stacks/program.pid: in a `sgpu run` rank, the program's pid, written once the
+// program (a Python one that imports sgpu) has armed its dumps; the caller then asks it,
+// not its supervisor.
+std::filesystem::path program_pid_file(const std::filesystem::path& rank_dir);
 
 // In the rank, once, before anything can hang: creates the folder and installs the
 // handler. Does nothing for an empty rank folder.

@@ -140,7 +140,10 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
     d.culprits = missing;
     d.verdict = list_ranks(missing) + " never entered collective " + number + where(group) + " (" +
                 what + ")";
-    if (!in_it.empty()) d.verdict += ": " + list_ranks(in_it) + " have waited in it for " + waited;
+    if (!in_it.empty()) {
+      d.verdict += ": " + list_ranks(in_it) + (in_it.size() == 1 ? " has" : " have") +
+                   " waited in it for " + waited;
+    }
     d.verdict += ".";
     for (const Member& m : group.members) {
       if (std::find(missing.begin(), missing.end(), m.rank) == missing.end()) continue;

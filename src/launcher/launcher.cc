@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -26,6 +27,7 @@
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "contract/stack_dump.h"
 #include "launcher/accounting.h"
 #include "launcher/failure_table.h"
 #include "launcher/flight_recorder.h"
@@ -338,14 +340,17 @@ class CallImpl final : public detail::Call {
   }
 
   // Every live rank's stacks (NOTE [Stack dumps]) into the run folder's stacks.txt, and
-  // the first live culprit's main thread for the error. A program's ranks are not
-  // sgpu's code (their supervisor is), so they have none.
+  // the first live culprit's main thread for the error. A program's rank is asked through
+  // its program, when that is a Python program that armed its dumps (import sgpu): its
+  // supervisor only waits, and another program would die of the signal.
   void take_rank_stacks() {
-    if (kind_ == CallKind::kProgram) return;
     std::vector<StackTarget> targets;
     for (const RankSlot& slot : slots_) {
-      if (slot.pid > 0 && !slot.exit) {
+      if (slot.pid <= 0 || slot.exit) continue;
+      if (kind_ != CallKind::kProgram) {
         targets.push_back({slot.rank, slot.pid, slot.folder.dir, kind_ == CallKind::kWorker});
+      } else if (const pid_t program = armed_program(slot); program > 0) {
+        targets.push_back({slot.rank, program, slot.folder.dir, true});
       }
     }
     if (targets.empty()) return;
@@ -367,6 +372,15 @@ class CallImpl final : public detail::Call {
         return;
       }
     }
+  }
+
+  // The pid of the program `slot`'s supervisor runs, once it has armed its stack dumps and
+  // while it is that supervisor's child; 0 otherwise.
+  static pid_t armed_program(const RankSlot& slot) {
+    std::ifstream in(contract::program_pid_file(slot.folder.dir));
+    pid_t pid = 0;
+    if (!(in >> pid) || pid <= 0) return 0;
+    return live_parent(pid) == slot.pid ? pid : 0;
   }
 
   std::string headline(int failed) const {

@@ -255,6 +255,7 @@ void run_program(char** argv) {
   } catch (const std::exception& e) {
     fail(contract::RankFolder{env.rank_dir}, env.rank, current_exception_type(), e.what());
   }
+  ::setenv(contract::kSupervisorVar, std::to_string(::getpid()).c_str(), 1);
   const pid_t program = ::fork();
   if (program < 0) {
     std::fprintf(stderr, "sgpu: cannot start %s: %s\n", argv[0], std::strerror(errno));
@@ -283,6 +284,12 @@ void run_program(char** argv) {
     ::raise(WTERMSIG(status));
   }
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+void arm_program_stacks() {
+  void* warm[1];
+  ::backtrace(warm, 1);  // the unwinder loaded now, not first in a signal handler
+  contract::arm_stack_dump(contract::read_rank_environment().rank_dir);
 }
 
 void enter_worker_rank() {

@@ -13,6 +13,10 @@ namespace sgpu::launcher {
 // the same guards a function's rank has (the lifeline, the parent-death signal, crash
 // backtraces on stderr, the rank logger's flush on SIGTERM, NOTE [Abrupt ends]).
 void enter_worker_rank();
+
+// In the program a `sgpu run` rank supervises, when it imports sgpu: its threads answer the
+// caller's stack signal (NOTE [Stack dumps]) into its rank's folder.
+void arm_program_stacks();
 // Ends a worker rank as a function's rank ends: the rank logger closed, output flushed,
 // _exit(code).
 [[noreturn]] void end_worker_rank(int code);

@@ -142,6 +142,17 @@ bool all_answered(std::vector<Pending>& pending) {
 
 }  // namespace
 
+pid_t live_parent(pid_t pid) {
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const auto end = stat.rfind(')');
+  if (end == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(end + 1));
+  std::string state;
+  pid_t parent = 0;
+  fields >> state >> parent;
+  return state == "Z" || state == "X" ? 0 : parent;
+}
+
 std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
                                     std::chrono::milliseconds limit) {
   std::vector<Pending> pending;
@@ -154,7 +165,10 @@ std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
     std::error_code ec;
     // An earlier dump's files go; faulthandler's own file stays open in the rank.
     for (const auto& entry : fs::directory_iterator(p.dir, ec)) {
-      if (entry.path().filename() != "python") fs::remove(entry.path(), ec);
+      const fs::path name = entry.path().filename();
+      if (name != "python" && name != contract::program_pid_file({}).filename()) {
+        fs::remove(entry.path(), ec);
+      }
     }
     for (pid_t tid : threads_of(target.pid)) {
       if (::syscall(SYS_tgkill, target.pid, tid, contract::native_stack_signal()) != 0) continue;

@@ -32,6 +32,9 @@ struct RankStacks {
   std::string python;                // faulthandler's text; "" for a C++ rank
 };
 
+// The parent of a live process; 0 when it is gone or a zombie.
+pid_t live_parent(pid_t pid);
+
 // Signals every thread of every target at once and waits at most `limit` for all of them.
 std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
                                     std::chrono::milliseconds limit);

@@ -202,3 +202,35 @@ def test_the_run_of_a_caller_killed_outright_is_ended_killed_by_the_next_sync(tm
     assert ended.info.end_time >= ended.info.start_time
     assert sync().returncode == 0 and status() == ["KILLED"]  # ended once; nothing left pending
     assert not list(runs.glob("*/tracking-pending.json"))
+
+
+def test_a_hung_programs_verdict_names_the_rank_and_quotes_its_python_stack(tmp_path):
+    runs = tmp_path / "runs"
+    code, _, err = run(tmp_path, """
+        import torch, torch.distributed as dist, sgpu
+        dist.init_process_group("sgpu")
+        for step in range(3):
+            dist.all_reduce(torch.ones(4))
+        """, "--gpus", "3", "--hang-timeout", "3", "--log-dir", str(runs),
+                       env={"SGPU_SIM_FAULTS": "rank=1:hang@collective=2", "SGPU_TRACKING": "off"})
+    assert code == 124, err
+    assert ("rank 1 never entered collective #2 (all_reduce of 4 float32 (sum)): "
+            "ranks 0, 2 have waited in it for") in err, err
+    quoted = err.split("the stack of rank 1 (pid ", 1)[1]
+    assert "Python:" in quoted and 'script.py", line 5 in <module>' in quoted, err
+    (folder,) = runs.iterdir()
+    stacks = (folder / "stacks.txt").read_text()
+    for rank in range(3):  # every program's, the waiting ones in their all_reduce
+        assert f"rank {rank} (pid " in stacks, stacks
+    assert stacks.count('script.py", line 5 in <module>') == 3, stacks
+
+
+def test_a_program_that_does_not_import_sgpu_is_not_asked_for_stacks(tmp_path):
+    code, _, err = run(tmp_path, """
+        import time
+        time.sleep(60)
+        """, "--gpus", "2", "--timeout", "3", env={"SGPU_TRACKING": "off"})
+    assert code == 124, err
+    # Not signalled (the signal would have killed it): both still ran at the deadline.
+    assert err.count("still running at the deadline") == 2, err
+    assert "every live rank's stacks" not in err, err
