@@ -26,17 +26,23 @@ def _in_a_call() -> bool:
     return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
 
 
-def arm_python_stacks(native) -> None:
+def arm_python_stacks(native) -> bool:
     """Every Python thread's traceback into rank-N/stacks/python on the caller's signal
-    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs."""
+    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs. False when
+    it cannot be armed (no folder, or no room in it): the rank then just has no Python
+    stacks, which is no reason to fail it."""
     import faulthandler
 
     folder = os.path.join(os.environ.get("SGPU_RANK_DIR", ""), "stacks")
     if not os.path.isdir(folder):
-        return
+        return False
     global _STACK_FILE
-    _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - for the rank's life
+    try:
+        _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - the rank's life
+    except OSError:
+        return False
     faulthandler.register(native.python_stack_signal(), file=_STACK_FILE, all_threads=True)
+    return True
 
 
 _STACK_FILE = None
@@ -52,12 +58,16 @@ def arm_program_stacks() -> None:
     from sgpu import _native
 
     _native.arm_program_stacks()
-    arm_python_stacks(_native)
+    if not arm_python_stacks(_native):
+        return  # not announced: the caller's Python signal would kill the program
     folder = os.path.join(rank_dir, "stacks")
     staged = os.path.join(folder, f".program.pid.{os.getpid()}")
-    with open(staged, "w") as out:
-        out.write(str(os.getpid()))
-    os.replace(staged, os.path.join(folder, "program.pid"))
+    try:  # a full runs folder: no stacks, and the program goes on
+        with open(staged, "w") as out:
+            out.write(str(os.getpid()))
+        os.replace(staged, os.path.join(folder, "program.pid"))
+    except OSError:
+        pass
 
 
 def _env_int(name: str, fallback: int) -> int:

@@ -169,9 +169,12 @@ std::unique_ptr<CollectiveRing> CollectiveRing::create(const std::filesystem::pa
   const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw fail("create");
   const std::size_t size = file_size(capacity);
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  // Allocated, not only sized: a page of a sparse file that a full filesystem cannot back
+  // is a SIGBUS for whoever touches it first, the caller reading the ring included.
+  if (const int error = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); error != 0) {
     ::close(fd);
-    throw fail("size");
+    errno = error;
+    throw fail("allocate");
   }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);

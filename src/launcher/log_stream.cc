@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 
 namespace sgpu::launcher {
@@ -14,13 +15,16 @@ std::mutex& console_mutex() {
   return mutex;
 }
 
-void write_all(int fd, std::string_view data) {
+// 0, or the errno of the write that failed.
+int write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed console must not stop the call
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
     data.remove_prefix(static_cast<std::size_t>(n));
   }
+  return 0;
 }
 
 }  // namespace
@@ -28,7 +32,9 @@ void write_all(int fd, std::string_view data) {
 LogStream::LogStream(UniqueFd source, int rank, const std::filesystem::path& file, int console_fd)
     : source_(std::move(source)),
       file_(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600)),
+      file_path_(file),
       console_fd_(console_fd),
+      rank_(rank),
       prefix_("[rank " + std::to_string(rank) + "] ") {
   ::fcntl(source_.get(), F_SETFL, ::fcntl(source_.get(), F_GETFL) | O_NONBLOCK);
 }
@@ -49,7 +55,9 @@ void LogStream::pump() {
       return;
     }
     const std::string_view data(buffer, static_cast<std::size_t>(n));
-    if (file_) write_all(file_.get(), data);
+    if (file_) {
+      if (const int error = write_all(file_.get(), data); error != 0) file_failed(error);
+    }
     pending_.append(data);
     std::size_t start = 0;
     for (std::size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
@@ -85,7 +93,18 @@ void LogStream::emit(std::string_view line) {
     return;
   }
   std::lock_guard lock(console_mutex());
-  write_all(console_fd_, out);
+  write_all(console_fd_, out);  // a closed console must not stop the call
+}
+
+// The log stops at the first write that fails (a full runs folder, say), said once on the
+// caller's stderr; the console keeps every line.
+void LogStream::file_failed(int error) {
+  file_.reset();
+  const std::string text = "sgpu: rank " + std::to_string(rank_) + "'s log " + file_path_.string() +
+                           " is incomplete from here: " + std::strerror(error) +
+                           "; the console shows every line\n";
+  std::lock_guard lock(console_mutex());
+  write_all(STDERR_FILENO, text);
 }
 
 std::string LogStream::tail() const {

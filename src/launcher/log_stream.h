@@ -3,7 +3,8 @@
 //
 // A console line is written with a single write() under a process-wide lock, so no line
 // is ever split or mixed with another rank's, across calls too. A line longer than
-// kMaxLine is passed on in pieces of that size.
+// kMaxLine is passed on in pieces of that size. The log file stops at the first write that
+// fails (a full runs folder), said once on the caller's stderr; the console goes on.
 #pragma once
 
 #include <cstddef>
@@ -42,10 +43,13 @@ class LogStream {
 
  private:
   void emit(std::string_view line);
+  void file_failed(int error);
 
   UniqueFd source_;
   UniqueFd file_;
+  std::filesystem::path file_path_;
   int console_fd_;
+  int rank_;
   Sink sink_;
   std::string prefix_;
   std::string pending_;

@@ -2,6 +2,7 @@
 the user's (./mlruns, $TMPDIR/sgpu-<uid>), and calls run on the simulated backend."""
 
 import pathlib
+import subprocess
 
 import pytest
 
@@ -22,3 +23,24 @@ def sgpu_sandbox(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
                  "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         monkeypatch.delenv(name, raising=False)
     yield tmp_path
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: pathlib.Path):
+    """small_filesystem(size): a folder on a tmpfs of `size` ("2m"), mounted for the test
+    and removed after it; the test is skipped where mounting needs root and this is not."""
+    mounts = []
+
+    def mount(size: str) -> pathlib.Path:
+        folder = tmp_path / f"small-{len(mounts)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "sgpu-test", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here (as root it can): {done.stderr.strip()}")
+        mounts.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounts:
+        subprocess.run(["umount", str(folder)], check=False)

@@ -124,23 +124,15 @@ def test_a_finished_call_holds_no_store_and_its_handle_goes_with_its_last_refere
         gc.enable()
 
 
-def test_a_runs_folder_too_full_for_the_call_is_an_sgpu_error_naming_it(tmp_path):
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sgpu-test", str(small)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (as root it can): {mounted.stderr.strip()}")
-    try:
-        fn = distributed(gpus=2, runs_dir=str(small), tracking=False)(lambda blob: len(blob))
-        with pytest.raises(sgpu.Error, match="No space left on device") as caught:
-            fn.distributed(b"x" * (2 << 20))
-        assert type(caught.value) is sgpu.Error
-        assert f"cannot stage the call in its run folder: cannot write {small}/" in str(caught.value)
-        assert "runs_dir" in str(caught.value)
-        assert fn.distributed(b"x" * 1000) == [1000, 1000]  # the next call that fits runs
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
+def test_a_runs_folder_too_full_for_the_call_is_an_sgpu_error_naming_it(small_filesystem):
+    small = small_filesystem("1m")
+    fn = distributed(gpus=2, runs_dir=str(small), tracking=False)(lambda blob: len(blob))
+    with pytest.raises(sgpu.Error, match="No space left on device") as caught:
+        fn.distributed(b"x" * (2 << 20))
+    assert type(caught.value) is sgpu.Error
+    assert f"cannot stage the call in its run folder: cannot write {small}/" in str(caught.value)
+    assert "runs_dir" in str(caught.value)
+    assert fn.distributed(b"x" * 1000) == [1000, 1000]  # the next call that fits runs
 
 
 def test_an_exception_that_does_not_pickle_still_names_its_rank():

@@ -234,3 +234,36 @@ def test_a_program_that_does_not_import_sgpu_is_not_asked_for_stacks(tmp_path):
     # Not signalled (the signal would have killed it): both still ran at the deadline.
     assert err.count("still running at the deadline") == 2, err
     assert "every live rank's stacks" not in err, err
+
+
+def test_a_runs_folder_that_fills_up_is_said_and_never_crashes_the_caller(tmp_path, small_filesystem):
+    """Logs that fill the folder stop there, said once a rank, and the call succeeds (the
+    collective rings were allocated up front: a sparse ring on a full filesystem was a
+    SIGBUS for the caller reading it); a folder already full fails the ranks, naming it."""
+    small = small_filesystem("2m")
+    body = """
+        import torch, torch.distributed as dist, sgpu
+        dist.init_process_group("sgpu")
+        dist.all_reduce(torch.ones(4))
+        for line in range(20000):
+            print(f"line {line:05d} " + "x" * 90)
+        dist.all_reduce(torch.ones(4))
+        print("end", flush=True)
+        """
+    code, out, err = run(tmp_path, body, "--gpus", "2", "--log-dir", str(small),
+                         env={"SGPU_TRACKING": "off"})
+    assert code == 0, err
+    for rank in range(2):
+        assert out.count(f"[rank {rank}] line ") == 20000 and f"[rank {rank}] end" in out
+        assert err.count(f"sgpu: rank {rank}'s log {small}/") == 1, err
+    assert "stdout.log is incomplete from here: No space left on device" in err, err
+    with open(small / "filler", "wb", buffering=0) as filler:  # what room is left, taken
+        try:
+            while filler.write(b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+    code, out, err = run(tmp_path, body, "--gpus", "2", "--log-dir", str(small),
+                         env={"SGPU_TRACKING": "off"})
+    assert code == 1, err
+    assert "cannot allocate the collective ring" in err and "No space left on device" in err, err
