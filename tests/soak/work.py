@@ -19,7 +19,8 @@ def _announce(call_dir: pathlib.Path, name: str, text: str) -> None:
     temporary.rename(call_dir / name)
 
 
-def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b"") -> dict:
+def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b"",
+         chatter: int = 0) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -38,6 +39,8 @@ def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b
             if not bool(torch.all(values == expected)):
                 raise AssertionError(f"rank {rank} step {step}: sum {values[0].item()}, not {expected}")
             if step == 0:
+                for line in range(chatter):  # output enough to fill a small runs folder
+                    print(f"chatter {line:06d} " + "x" * 100)
                 _announce(folder, f"rank-{rank}.ready", "")
             time.sleep(pause)
         return {"rank": rank, "world": world, "blob": zlib.crc32(blob), "bytes": len(blob)}
@@ -45,5 +48,6 @@ def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":  # a program's rank under sgpu run: work.py DIR ELEMENTS STEPS PAUSE
-    print(work(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])), flush=True)
+if __name__ == "__main__":  # a program's rank under sgpu run: work.py DIR ELEMENTS STEPS PAUSE CHATTER
+    print(work(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
+               chatter=int(sys.argv[5])), flush=True)
