@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // An exclusive lock on the record, held while the folder is sent; -1 when another process
-// holds it or the record is gone.
+// holds it or the record is gone. Also on a run folder, which its live caller holds while
+// its record is in flight.
 class RecordLock {
  public:
   explicit RecordLock(const fs::path& record) : fd_(::open(record.c_str(), O_RDONLY | O_CLOEXEC)) {
@@ -59,28 +60,20 @@ std::int64_t last_change_ms(const fs::path& folder) {
 
 InFlightRecord::InFlightRecord(const fs::path& run_dir, const std::string& uri,
                                const std::string& run_id)
-    : run_dir_(run_dir) {
-  const fs::path record = contract::RunFolder{run_dir}.tracking_pending();
-  const fs::path staged = record.string() + ".in-flight";
-  const std::string text = pending_text(
-      {uri, run_id, RunStatus::kKilled, 0, /*remove_folder=*/false, /*in_flight=*/true});
-  // Locked before it has its name: a sync never sees it unlocked while this caller lives.
-  fd_ = ::open(staged.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  bool written = fd_ >= 0 && ::flock(fd_, LOCK_EX) == 0;
-  for (std::size_t at = 0; written && at < text.size();) {
-    const ssize_t n = ::write(fd_, text.data() + at, text.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    written = n > 0;
-    at += written ? static_cast<std::size_t>(n) : 0;
-  }
-  if (!written || ::rename(staged.c_str(), record.c_str()) != 0) {
+    : run_dir_(run_dir), fd_(::open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+  // The folder is locked before the record appears: a sync never finds the record while
+  // this caller lives and the lock is free.
+  if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) {
     const std::string why = std::strerror(errno);
     if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    std::error_code ec;
-    fs::remove(staged, ec);
-    throw TrackingError("tracking: cannot record the run in flight in " + record.string() + ": " +
-                        why);
+    throw TrackingError("tracking: cannot lock the run folder " + run_dir.string() + ": " + why);
+  }
+  try {
+    write_pending(run_dir, {uri, run_id, RunStatus::kKilled, 0, /*remove_folder=*/false,
+                            /*in_flight=*/true});
+  } catch (...) {
+    ::close(fd_);
+    throw;
   }
 }
 
@@ -131,6 +124,10 @@ std::vector<SyncedRun> sync_pending_runs(const fs::path& runs_dir, const std::st
     if (!lock.held() || !fs::exists(record, ec)) continue;  // another process has it
     const std::optional<PendingRun> pending = read_pending(record);
     if (!pending || (!only_uri.empty() && pending->uri != only_uri)) continue;
+    // A record in flight is ours once its caller's lock on the folder is gone with it.
+    std::optional<RecordLock> caller;
+    if (pending->in_flight) caller.emplace(folder);
+    if (caller && !caller->held()) continue;
     SyncedRun synced;
     synced.folder = folder;
     synced.run_id = pending->run_id;

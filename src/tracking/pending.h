@@ -16,11 +16,12 @@
 //
 // A caller killed outright (SIGKILL, the OOM killer) ends nothing. So that its run does
 // not stay RUNNING for ever, the caller writes the record as soon as the run folder exists,
-// marked in flight with status KILLED and no end time, and holds a lock on it (flock)
-// until the call ends, when the record is removed, or replaced by the real pending one.
-// The kernel drops the lock with the caller however it dies, so a sync that can take the
-// lock on an in-flight record knows its caller is gone: it ends the run KILLED, at the
-// time the folder last changed (the ranks' last words), and sends what they spooled.
+// marked in flight with status KILLED and no end time, having locked the run folder
+// (flock), which it holds until the call ends, when the record is removed, or replaced by
+// the real pending one. The kernel drops the lock with the caller however it dies, so a
+// sync that can take the folder's lock under an in-flight record knows its caller is gone: it ends
+// the run KILLED, at the time the folder last changed (the ranks' last words), and sends what they
+// spooled.
 #pragma once
 
 #include <cstdint>
@@ -50,20 +51,19 @@ struct PendingRun {
 
 // Writes run_dir/tracking-pending.json (whole, through a rename). Throws TrackingError.
 void write_pending(const std::filesystem::path& run_dir, const PendingRun& pending);
-// The record's text, as write_pending() and InFlightRecord write it.
-std::string pending_text(const PendingRun& pending);
 // What a tracking-pending.json holds; nullopt when it is missing or not such a record (not
 // JSON, no uri or run_id, a field of the wrong type), which a sync leaves alone.
 std::optional<PendingRun> read_pending(const std::filesystem::path& record);
 
-// The record of a call in flight, locked while this object lives (see the NOTE above).
+// The record of a call in flight, its run folder locked while this object lives (see the
+// NOTE above).
 class InFlightRecord {
  public:
-  // Writes run_dir/tracking-pending.json for `run` (status KILLED, in flight), locked from
-  // before it appears. Throws TrackingError when it cannot be written.
+  // Locks run_dir, then writes its tracking-pending.json for the run (status KILLED, in
+  // flight). Throws TrackingError when either cannot be done.
   InFlightRecord(const std::filesystem::path& run_dir, const std::string& uri,
                  const std::string& run_id);
-  ~InFlightRecord();  // the lock goes; the record stays (replaced or removed first)
+  ~InFlightRecord();  // the folder's lock goes; the record stays (replaced or removed first)
   InFlightRecord(const InFlightRecord&) = delete;
   InFlightRecord& operator=(const InFlightRecord&) = delete;
   const std::filesystem::path& run_dir() const { return run_dir_; }
@@ -72,7 +72,7 @@ class InFlightRecord {
 
  private:
   std::filesystem::path run_dir_;
-  int fd_ = -1;
+  int fd_ = -1;  // the run folder, locked
 };
 
 // What sending a folder's spools did.

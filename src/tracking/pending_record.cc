@@ -15,6 +15,16 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+std::string pending_text(const PendingRun& pending) {
+  json j = {{"uri", pending.uri},
+            {"run_id", pending.run_id},
+            {"status", status_name(pending.status)},
+            {"end_time_ms", pending.end_time_ms},
+            {"remove_folder", pending.remove_folder}};
+  if (pending.in_flight) j["in_flight"] = true;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace
 
 std::optional<PendingRun> read_pending(const fs::path& record) {
@@ -34,16 +44,6 @@ std::optional<PendingRun> read_pending(const fs::path& record) {
   }
   if (p.status == RunStatus::kRunning) p.status = RunStatus::kFailed;  // a run ends finished
   return p;
-}
-
-std::string pending_text(const PendingRun& pending) {
-  json j = {{"uri", pending.uri},
-            {"run_id", pending.run_id},
-            {"status", status_name(pending.status)},
-            {"end_time_ms", pending.end_time_ms},
-            {"remove_folder", pending.remove_folder}};
-  if (pending.in_flight) j["in_flight"] = true;
-  return j.dump(2) + "\n";
 }
 
 void write_pending(const fs::path& run_dir, const PendingRun& pending) {
