@@ -36,6 +36,8 @@ std::optional<PendingRun> read_pending(const fs::path& record) {
     p.uri = j["uri"].get<std::string>();
     p.run_id = j["run_id"].get<std::string>();
     p.status = status_from_name(j.value("status", "FAILED"));
+    // A number too large for an integer parses as a double, which no integer can hold.
+    if (j.contains("end_time_ms") && !j["end_time_ms"].is_number_integer()) return std::nullopt;
     p.end_time_ms = j.value("end_time_ms", std::int64_t{0});
     p.remove_folder = j.value("remove_folder", false);
     p.in_flight = j.value("in_flight", false);

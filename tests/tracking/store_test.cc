@@ -625,9 +625,12 @@ TEST(PendingRuns, ACallThatEndsItsRunLeavesNoInFlightRecord) {
 // fuzz target.
 TEST(PendingRuns, ARecordWithAFieldOfTheWrongTypeIsLeftAlone) {
   const fs::path runs = temp_root().parent_path() / "runs";
-  for (const char* text : {R"({"uri": 5, "run_id": "r"})", R"({"uri": "file:/x", "run_id": []})",
-                           R"({"uri": "file:/x", "run_id": "r", "status": 3})",
-                           R"({"uri": "file:/x", "run_id": "r", "end_time_ms": "soon"})", "{"}) {
+  for (const char* text :
+       {R"({"uri": 5, "run_id": "r"})", R"({"uri": "file:/x", "run_id": []})",
+        R"({"uri": "file:/x", "run_id": "r", "status": 3})",
+        R"({"uri": "file:/x", "run_id": "r", "end_time_ms": "soon"})",
+        // An end time no integer holds (tests/fuzz/corpus/pending_huge_end_time)
+        R"({"uri": "file:/x", "run_id": "r", "end_time_ms": 171000001710000000000})", "{"}) {
     const fs::path folder = runs / ("bad-" + std::to_string(std::hash<std::string>{}(text)));
     fs::create_directories(folder);
     std::ofstream(folder / kPendingName) << text;
