@@ -5,16 +5,20 @@
 // two calls running at once never collide. Ranks reach it through MASTER_ADDR/MASTER_PORT.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace sgpu::rendezvous {
 
 class HostStore {
  public:
-  // Starts listening. Throws std::runtime_error when the store cannot start.
-  explicit HostStore(std::string host = "127.0.0.1");
+  // Starts listening on `host` (an address, or a name that resolves to one of this node's
+  // addresses) and `port` (0: one the kernel picks). Throws std::runtime_error when the
+  // store cannot start, naming the address.
+  explicit HostStore(std::string host = "127.0.0.1", std::uint16_t port = 0);
   ~HostStore();
   HostStore(const HostStore&) = delete;
   HostStore& operator=(const HostStore&) = delete;
@@ -27,6 +31,30 @@ class HostStore {
   std::unique_ptr<Impl> impl_;
   std::string host_;
   std::uint16_t port_ = 0;
+};
+
+// A client of a store, for the launcher's own keys (launcher/node_link.h). Every
+// operation throws std::runtime_error when the store is gone.
+class StoreClient {
+ public:
+  // Connects to HOST:PORT, trying again until `wait` has passed; each operation after
+  // gives up after `op_timeout`. Throws std::runtime_error naming the endpoint.
+  StoreClient(const std::string& host, std::uint16_t port, std::chrono::milliseconds wait,
+              std::chrono::milliseconds op_timeout = std::chrono::seconds(5));
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  // The key's value, or nullopt when it is not set.
+  std::optional<std::string> get(const std::string& key);
+  std::int64_t add(const std::string& key, std::int64_t delta);
+  // Sets `key` to `value` unless it is set already; returns what it holds afterwards.
+  std::string set_if_absent(const std::string& key, const std::string& value);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace sgpu::rendezvous
