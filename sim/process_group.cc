@@ -1,5 +1,6 @@
 // The simulated process groups on CPU tensors: the shared-memory transport (sim/shm) or
 // Gloo, with the fault plan's collective faults in between.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -81,6 +82,9 @@ std::string plan_of(const Options& options) {
   return env != nullptr ? env : "";
 }
 
+// The launch's ranks, on every node.
+int world_of(const Options& options) { return options.gpus * std::max(options.nnodes, 1); }
+
 }  // namespace
 
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
@@ -93,7 +97,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
       std::string(contract::kPlatformVar) + "=" + platform};
   const std::string plan = plan_of(options);
   if (plan.empty()) return variables;
-  parse_faults(plan, options.gpus);  // ConfigError before anything starts
+  parse_faults(plan, world_of(options));  // ConfigError before anything starts
   variables.push_back(std::string(kFaultsVar) + "=" + plan);
   return variables;
 }
@@ -102,8 +106,11 @@ std::vector<std::string> SimBackend::ending_faults(const Options& options) const
   const std::string plan = plan_of(options);
   if (plan.empty()) return {};
   std::vector<std::string> ending;
-  for (const Fault& fault : parse_faults(plan, options.gpus)) {
+  // Over several nodes, each node answers for its own ranks' faults.
+  const int first = std::max(options.node_rank, 0) * options.gpus;
+  for (const Fault& fault : parse_faults(plan, world_of(options))) {
     if (fault.action == Fault::Action::kSlow) continue;
+    if (fault.rank < first || fault.rank >= first + options.gpus) continue;
     const std::string rank = "rank " + std::to_string(fault.rank);
     std::string why;
     switch (fault.point) {
@@ -168,13 +175,20 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
 Transport chosen_transport(const Options& options) {
   std::string name = options.sim_transport;
   std::string given;
+  const bool several_nodes = options.nnodes > 1;
   if (name.empty()) {
     const char* env = std::getenv(kTransportVar);
-    if (env == nullptr || *env == '\0') return Transport::kShm;
+    // Shared memory does not reach other nodes; Gloo's TCP does.
+    if (env == nullptr || *env == '\0') return several_nodes ? Transport::kGloo : Transport::kShm;
     name = env;
     given = std::string(kTransportVar) + "=" + name;
   } else {
     given = contract::spell("sim_transport", name);
+  }
+  if (name == "shm" && several_nodes) {
+    throw ConfigError(given + " cannot connect ranks on " + std::to_string(options.nnodes) +
+                      " nodes: shared memory stays on one node; use \"gloo\" (or leave the "
+                      "transport unset)");
   }
   if (name == "shm") return Transport::kShm;
   if (name == "gloo") return Transport::kGloo;

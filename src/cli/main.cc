@@ -24,6 +24,7 @@
 #include "backend/backend_table.h"
 #include "cli/model_command.h"
 #include "contract/front_end.h"
+#include "launcher/nodes.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
 #include "tracking/pending.h"
@@ -42,6 +43,14 @@ int info() {
     std::cout << ", built without CUDA";
   }
   std::cout << "\n";
+  // The engine this process runs under, and the place `sgpu run` would take.
+  try {
+    const sgpu::launcher::NodePlan plan = sgpu::launcher::plan_nodes(sgpu::Options{});
+    std::cout << "nodes: " << (plan.engine.empty() ? "no engine detected" : plan.engine);
+    std::cout << "; sgpu run would be " << plan.describe() << "\n";
+  } catch (const sgpu::ConfigError& e) {
+    std::cout << "nodes: " << e.what() << "\n";
+  }
   for (const auto& entry : sgpu::backend::backend_table()) {
     const auto inventory = sgpu::backend::find_backend(entry.name).inventory(sgpu::Options{});
     std::cout << "backend " << entry.name << ": " << inventory.summary();
@@ -90,6 +99,9 @@ int run(sgpu::Options options, const std::vector<std::string>& command) {
   } catch (const sgpu::TrackingError& e) {  // a tracking URI or experiment that cannot work
     std::cerr << "sgpu run: " << e.what() << std::endl;
     return kUsageError;
+  } catch (const sgpu::Error& e) {  // a run folder that cannot be staged, a node unreachable
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return 1;
   }
 }
 
@@ -155,12 +167,16 @@ int main(int argc, char** argv) {
       "flags or options (a tracking URI that cannot work, say).\n"
       "Example:\n"
       "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
-      "print(os.environ[\"RANK\"])'");
+      "print(os.environ[\"RANK\"])'\n"
+      "  srun -N2 --ntasks-per-node=1 sgpu run --gpus 8 -- python train.py   (two nodes)\n"
+      "  sgpu run --nnodes 2 --node-rank 0 --rdzv-endpoint n1:29500 --gpus 8 -- python train.py");
   int gpus = 1;
   std::string gpu_type, backend = "auto", timeout = "10800", hang_timeout = "600", log_dir, ranks,
                         run_name;
   std::string experiment;
   bool no_tracking = false, keep_run_dir = false;
+  int nnodes = 0, node_rank = -1;
+  std::string rdzv_endpoint, rdzv_id, rdzv_timeout = "600";
   std::vector<std::string> command;
   run_cmd->add_option("--gpus", gpus, "Ranks to start, one per GPU")->capture_default_str();
   run_cmd->add_option("--gpu-type", gpu_type, "GPU type the node must have (detected if unset)");
@@ -181,6 +197,21 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--experiment", experiment,
                       "MLflow experiment of the launch's run (created if missing)");
   run_cmd->add_flag("--no-tracking", no_tracking, "Record no MLflow run (as SGPU_TRACKING=off)");
+  run_cmd
+      ->add_option("--nnodes", nnodes,
+                   "Nodes in the launch, each running this same command (default: what torchrun's "
+                   "PET_NNODES, a Slurm step or mpirun says, else 1)")
+      ->check(CLI::PositiveNumber);
+  run_cmd
+      ->add_option("--node-rank", node_rank,
+                   "This node's place, 0 to nnodes-1; node 0 hosts the store (default: detected)")
+      ->check(CLI::NonNegativeNumber);
+  run_cmd->add_option("--rdzv-endpoint", rdzv_endpoint,
+                      "HOST[:PORT] of node 0's store, an address node 0 has and the others reach "
+                      "(port 29500 if left out; default: MASTER_ADDR/MASTER_PORT or the engine's)");
+  run_cmd->add_option("--rdzv-id", rdzv_id, "The launch's id, the same on every node");
+  run_cmd->add_option("--rdzv-timeout", rdzv_timeout, "Seconds for every node to join the launch")
+      ->capture_default_str();
   run_cmd->add_option("command", command, "PROGRAM ARGS... (after --)")->required();
 
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run sgpu's benchmarks");
@@ -258,6 +289,19 @@ int main(int argc, char** argv) {
   options.name = run_name;
   options.experiment = experiment;
   options.tracking = !no_tracking;
+  options.nnodes = nnodes;
+  options.node_rank = node_rank;
+  options.rdzv_endpoint = rdzv_endpoint;
+  options.rdzv_id = rdzv_id;
+  try {
+    const sgpu::Timeout join = sgpu::parse_timeout(rdzv_timeout);
+    if (!join || join->count() <= 0) throw std::invalid_argument(rdzv_timeout);
+    options.rdzv_timeout = *join;
+  } catch (const std::exception&) {
+    std::cerr << "sgpu run: --rdzv-timeout takes seconds (more than 0), got \"" << rdzv_timeout
+              << "\"\n";
+    return kUsageError;
+  }
   try {
     options.timeout = sgpu::parse_timeout(timeout);
   } catch (const std::exception&) {

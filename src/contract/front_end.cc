@@ -21,6 +21,11 @@ std::string flag_of(std::string_view setting) {
       {"experiment", "--experiment"},
       {"tracking", "--no-tracking"},
       {"hang_timeout", "--hang-timeout"},
+      {"nnodes", "--nnodes"},
+      {"node_rank", "--node-rank"},
+      {"rdzv_endpoint", "--rdzv-endpoint"},
+      {"rdzv_id", "--rdzv-id"},
+      {"rdzv_timeout", "--rdzv-timeout"},
   };
   const auto it = flags.find(setting);
   return it != flags.end() ? std::string(it->second) : std::string(setting);

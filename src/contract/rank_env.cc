@@ -31,6 +31,8 @@ std::vector<std::pair<std::string, std::string>> RankEnvironment::variables() co
       {kWorldSizeVar, std::to_string(world_size)},
       {kLocalWorldSizeVar, std::to_string(local_world_size)},
       {kNodeRankVar, std::to_string(node_rank)},
+      {kGroupWorldSizeVar, std::to_string(group_world_size)},
+      {kRoleWorldSizeVar, std::to_string(world_size)},
       {kMasterAddrVar, master_addr},
       {kMasterPortVar, std::to_string(master_port)},
       {kRoleVar, role},
@@ -52,6 +54,7 @@ RankEnvironment read_rank_environment() {
   env.world_size = static_cast<int>(env_int(kWorldSizeVar, env.world_size));
   env.local_world_size = static_cast<int>(env_int(kLocalWorldSizeVar, env.local_world_size));
   env.node_rank = static_cast<int>(env_int(kNodeRankVar, env.node_rank));
+  env.group_world_size = static_cast<int>(env_int(kGroupWorldSizeVar, env.group_world_size));
   env.master_addr = env_text(kMasterAddrVar);
   env.master_port = static_cast<int>(env_int(kMasterPortVar, env.master_port));
   env.role = env_text(kRoleVar);

@@ -22,6 +22,8 @@ inline constexpr const char* kRoleRankVar = "ROLE_RANK";
 inline constexpr const char* kWorldSizeVar = "WORLD_SIZE";
 inline constexpr const char* kLocalWorldSizeVar = "LOCAL_WORLD_SIZE";
 inline constexpr const char* kNodeRankVar = "NODE_RANK";
+inline constexpr const char* kGroupWorldSizeVar = "GROUP_WORLD_SIZE";  // nodes
+inline constexpr const char* kRoleWorldSizeVar = "ROLE_WORLD_SIZE";
 inline constexpr const char* kMasterAddrVar = "MASTER_ADDR";
 inline constexpr const char* kMasterPortVar = "MASTER_PORT";
 // sgpu's own.
@@ -48,6 +50,7 @@ struct RankEnvironment {
   int world_size = 1;
   int local_world_size = 1;
   int node_rank = 0;
+  int group_world_size = 1;  // nodes in the launch
   std::string master_addr;
   int master_port = 0;
   std::string role;  // "rank" (a function's), "program" (sgpu run's)
@@ -60,7 +63,8 @@ struct RankEnvironment {
   std::chrono::milliseconds group_timeout{std::chrono::minutes(30)};
   long long recorder_entries = 0;  // the collective ring's size (NOTE [The collective ring])
 
-  // NAME, value for every variable above, torchrun's GROUP_RANK and ROLE_RANK included.
+  // NAME, value for every variable above, torchrun's GROUP_RANK, ROLE_RANK and
+  // ROLE_WORLD_SIZE included.
   std::vector<std::pair<std::string, std::string>> variables() const;
 };
 

@@ -1,5 +1,6 @@
 #include "launcher/failure_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <sstream>
@@ -54,20 +55,30 @@ std::string format_failure(const std::string& headline, const std::vector<RankFa
                            const std::filesystem::path& run_dir) {
   std::ostringstream out;
   out << headline << "\n";
+  // Over several nodes each row says where it ran.
+  const bool nodes = std::any_of(ranks.begin(), ranks.end(),
+                                 [](const RankFailure& row) { return !row.host.empty(); });
   for (const RankFailure& row : ranks) {
     if (!row.root_cause) continue;
-    out << "root cause: rank " << row.rank << " (local rank " << row.local_rank << ", pid "
-        << row.pid << ") " << row.describe() << " at " << format_time(row.time) << "\n";
+    out << "root cause: rank " << row.rank << " (";
+    if (nodes) out << "node " << row.node_rank << " " << row.host << ", ";
+    out << "local rank " << row.local_rank << ", pid " << row.pid << ") " << row.describe()
+        << " at " << format_time(row.time) << "\n";
     if (!row.stderr_tail.empty()) {
       out << "  last lines of its stderr:\n";
       std::istringstream lines(row.stderr_tail);
       for (std::string line; std::getline(lines, line);) out << "    " << line << "\n";
     }
   }
-  out << "  rank  pid       status\n";
+  out << (nodes ? "  rank  node  pid       status\n" : "  rank  pid       status\n");
   for (const RankFailure& row : ranks) {
     char head[48];
-    std::snprintf(head, sizeof head, "  %-5d %-9d ", row.rank, static_cast<int>(row.pid));
+    if (nodes) {
+      std::snprintf(head, sizeof head, "  %-5d %-5d %-9d ", row.rank, row.node_rank,
+                    static_cast<int>(row.pid));
+    } else {
+      std::snprintf(head, sizeof head, "  %-5d %-9d ", row.rank, static_cast<int>(row.pid));
+    }
     out << head << row.describe() << (row.root_cause ? "  <- root cause" : "") << "\n";
   }
   out << "logs: " << run_dir.string();

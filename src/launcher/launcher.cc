@@ -35,6 +35,8 @@
 #include "launcher/hang_diagnosis.h"
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
+#include "launcher/node_link.h"
+#include "launcher/nodes.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "launcher/rank_starter.h"
@@ -92,11 +94,12 @@ void check_options(const Options& options, bool runs_a_program) {
   if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
   if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
   if (options.console_ranks) {
+    const int world = options.gpus * std::max(options.nnodes, 1);
     for (int rank : *options.console_ranks) {
-      if (rank < 0 || rank >= options.gpus) {
+      if (rank < 0 || rank >= world) {
         throw ConfigError(contract::spell("console_ranks") + " names rank " + std::to_string(rank) +
-                          " but the call has " + std::to_string(options.gpus) + " ranks (0 to " +
-                          std::to_string(options.gpus - 1) + ")");
+                          " but the call has " + std::to_string(world) + " ranks (0 to " +
+                          std::to_string(world - 1) + ")");
       }
     }
   }
@@ -173,7 +176,8 @@ std::filesystem::path make_run_dir(const Options& options) {
 enum class CallKind { kFunction, kProgram, kWorker };
 
 struct RankSlot {
-  int rank = 0;
+  int rank = 0;        // global: node_rank * gpus + local_rank
+  int local_rank = 0;  // on this node
   int device_index = 0;
   pid_t pid = 0;
   std::unique_ptr<LogStream> out;
@@ -192,7 +196,8 @@ class CallImpl final : public detail::Call {
   CallImpl(CallKind kind, Options options, serialize::CallRecord record, WorkerCall spec,
            std::string backend_name, std::vector<std::string> backend_env,
            backend::Selection selection, std::filesystem::path run_dir,
-           std::unique_ptr<tracking::CallRun> tracking, Timeout hang_timeout)
+           std::unique_ptr<tracking::CallRun> tracking, Timeout hang_timeout,
+           std::unique_ptr<NodeLink> link)
       : kind_(kind),
         options_(std::move(options)),
         record_(std::move(record)),
@@ -204,7 +209,10 @@ class CallImpl final : public detail::Call {
         tracking_(std::move(tracking)),
         hang_timeout_(options_.recorder_entries > 0 ? hang_timeout : kNoTimeout),
         tracking_link_(tracking_ ? tracking_->link() : std::string()),
-        cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+        cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        link_(std::move(link)),
+        nodes_(link_ ? link_->plan() : NodePlan{}),
+        node_host_(link_ ? link_->host_name() : std::string()) {}
 
   ~CallImpl() override {
     if (thread_.joinable()) {
@@ -217,7 +225,8 @@ class CallImpl final : public detail::Call {
     starter_ = kind_ == CallKind::kWorker && method == StartMethod::kForkServer
                    ? make_fork_server_starter(spec_.fork_server)
                    : make_starter(method);
-    store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
+    // Several nodes meet at node 0's store (NodeLink hosts it); one node at its own.
+    if (!link_) store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });
   }
 
@@ -279,7 +288,8 @@ class CallImpl final : public detail::Call {
     kTimedOut,
     kHung,
     kCancelled,
-    kStartFailed
+    kStartFailed,
+    kPeerFailed  // another node of the launch failed or went away
   };
 
   // Every rank's collective ring, and how the ranks that ended did.
@@ -384,9 +394,11 @@ class CallImpl final : public detail::Call {
   }
 
   std::string headline(int failed) const {
-    return "sgpu: " + std::to_string(failed) + " of " + std::to_string(options_.gpus) +
-           " ranks of " + function_label() + " failed";
+    return "sgpu: " + std::to_string(failed) + " of " + std::to_string(world_size()) +
+           " ranks of " + function_label() + " failed" +
+           (nodes_.several() ? " (" + std::to_string(nodes_.nnodes) + " nodes)" : "");
   }
+  int world_size() const { return options_.gpus * nodes_.nnodes; }
   std::string function_label() const {
     if (kind_ == CallKind::kProgram) return spec_.command.front();
     return record_.function_name.empty() ? "the distributed function" : record_.function_name;
@@ -396,15 +408,16 @@ class CallImpl final : public detail::Call {
   // caller has under one of those names (a caller that is itself a torchrun worker, say)
   // is replaced, never passed on.
   std::vector<std::string> rank_env(const RankSlot& slot) const {
-    const int world = options_.gpus;
+    const int world = world_size();
     contract::RankEnvironment rank;
     rank.rank = slot.rank;
-    rank.local_rank = slot.rank;
+    rank.local_rank = slot.local_rank;
     rank.world_size = world;
-    rank.local_world_size = world;
-    rank.node_rank = 0;
-    rank.master_addr = store_->host();
-    rank.master_port = store_->port();
+    rank.local_world_size = options_.gpus;
+    rank.node_rank = nodes_.node_rank;
+    rank.group_world_size = nodes_.nnodes;
+    rank.master_addr = link_ ? nodes_.host : store_->host();
+    rank.master_port = link_ ? nodes_.port : store_->port();
     rank.role = kind_ == CallKind::kFunction  ? "rank"
                 : kind_ == CallKind::kProgram ? "program"
                                               : "worker";
@@ -418,9 +431,10 @@ class CallImpl final : public detail::Call {
     rank.recorder_entries = options_.recorder_entries;
     std::vector<std::pair<std::string, std::string>> vars = rank.variables();
     // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
-    vars.insert(vars.end(), {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                             {"TORCHELASTIC_RESTART_COUNT", "0"},
-                             {"TORCHELASTIC_RUN_ID", run_dir_.filename().string()}});
+    vars.insert(vars.end(),
+                {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                 {"TORCHELASTIC_RESTART_COUNT", "0"},
+                 {"TORCHELASTIC_RUN_ID", link_ ? nodes_.id : run_dir_.filename().string()}});
     // Where a program's @record (torch.distributed.elastic) writes the rank's error.
     if (kind_ == CallKind::kProgram) {
       vars.emplace_back("TORCHELASTIC_ERROR_FILE", slot.folder.torchelastic_error().string());
@@ -459,17 +473,19 @@ class CallImpl final : public detail::Call {
     return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
   }
   bool any_rank_on_console() const {
-    for (int rank = 0; rank < options_.gpus; ++rank)
-      if (shows_on_console(rank)) return true;
+    for (const RankSlot& slot : slots_)
+      if (shows_on_console(slot.rank)) return true;
     return false;
   }
 
   void start_ranks() {
     slots_.resize(static_cast<std::size_t>(options_.gpus));
-    for (int rank = 0; rank < options_.gpus; ++rank) {
-      RankSlot& slot = slots_[static_cast<std::size_t>(rank)];
+    for (int local = 0; local < options_.gpus; ++local) {
+      RankSlot& slot = slots_[static_cast<std::size_t>(local)];
+      const int rank = nodes_.node_rank * options_.gpus + local;
       slot.rank = rank;
-      slot.device_index = selection_.device_indices[static_cast<std::size_t>(rank)];
+      slot.local_rank = local;
+      slot.device_index = selection_.device_indices[static_cast<std::size_t>(local)];
       slot.folder = contract::RunFolder{run_dir_}.rank(rank);
       std::filesystem::create_directory(slot.folder.dir);
       Pipe out = make_pipe();
@@ -605,6 +621,8 @@ class CallImpl final : public detail::Call {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
         timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
       }
+      // The other nodes hear from this one, and it from them, every 100 ms.
+      if (link_ && (timeout_ms < 0 || timeout_ms > 100)) timeout_ms = 100;
       ::poll(fds.data(), fds.size(), timeout_ms);
       now = Clock::now();
 
@@ -649,6 +667,17 @@ class CallImpl final : public detail::Call {
           begin_teardown(now);
         }
       }
+      if (link_) {
+        std::optional<std::string> elsewhere = link_->poll();
+        if (phase_ == Phase::kRunning && elsewhere) {
+          outcome = Outcome::kPeerFailed;
+          cancel_reason = std::move(*elsewhere);
+          begin_teardown(now);
+        } else if (phase_ != Phase::kRunning && outcome != Outcome::kPeerFailed &&
+                   outcome != Outcome::kSucceeded) {
+          link_->post_failure(node_failure(outcome, cancel_reason, start_error));
+        }
+      }
       if (phase_ == Phase::kTerminating && now >= phase_until_) {
         for (RankSlot& slot : slots_) {
           if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGKILL);
@@ -666,9 +695,103 @@ class CallImpl final : public detail::Call {
       if (slot.out) slot.out->close();
       if (slot.err) slot.err->close();
     }
+    if (link_) exchange_reports(outcome, cancel_reason);
     store_.reset();  // its port is closed before anyone sees the call end
     end_tracking(outcome);
     finish(outcome, start_error, cancel_reason);
+  }
+
+  // What the other nodes are told when this one fails first.
+  std::string node_failure(Outcome outcome, const std::string& cancel_reason,
+                           const std::string& start_error) const {
+    std::string what;
+    switch (outcome) {
+      case Outcome::kRankFailed:
+        for (const RankSlot& slot : slots_) {
+          if (!slot.exit || slot.exited_in_teardown || exited_ok(slot)) continue;
+          what = "rank " + std::to_string(slot.rank) + " " +
+                 (slot.exit->signal
+                      ? "was killed by " + signal_name(*slot.exit->signal)
+                      : "exited with code " + std::to_string(slot.exit->exit_code.value_or(0)));
+          break;
+        }
+        if (what.empty()) what = "a rank failed";
+        break;
+      case Outcome::kTimedOut:
+        what = "timed out after " + std::to_string(options_.timeout->count()) + " ms";
+        break;
+      case Outcome::kHung:
+        what = "hung: " + collectives_.verdict;
+        break;
+      case Outcome::kCancelled:
+        what = cancel_reason;
+        break;
+      case Outcome::kStartFailed:
+        what = "could not start its ranks: " + start_error;
+        break;
+      default:
+        what = "failed";
+    }
+    return "node " + std::to_string(nodes_.node_rank) + " (" + node_host_ + ") " + what;
+  }
+
+  // Once this node's ranks are gone: its report to the others and theirs to it (waiting,
+  // after a success here, for the nodes still running). A success here is the launch's
+  // failure when another node failed or went away.
+  void exchange_reports(Outcome& outcome, std::string& cancel_reason) {
+    serialize::NodeReport mine;
+    mine.node_rank = nodes_.node_rank;
+    mine.host = node_host_;
+    mine.run_dir = run_dir_;
+    for (const RankSlot& slot : slots_) mine.rows.push_back(row_for(slot));
+    const auto stop = [this] {
+      pollfd fd{cancel_fd_.get(), POLLIN, 0};
+      return InterruptScope::pending_signal() != 0 || ::poll(&fd, 1, 0) > 0;
+    };
+    const std::vector<serialize::NodeReport> reports = link_->exchange(mine, stop);
+    std::vector<bool> reported(static_cast<std::size_t>(nodes_.nnodes), false);
+    for (const serialize::NodeReport& report : reports) {
+      if (report.node_rank < 0 || report.node_rank >= nodes_.nnodes) continue;
+      reported[static_cast<std::size_t>(report.node_rank)] = true;
+      if (report.node_rank == nodes_.node_rank) continue;
+      peer_logs_.push_back("logs of node " + std::to_string(report.node_rank) + " (" + report.host +
+                           "): " + report.run_dir.string());
+      for (const RankFailure& row : report.rows) {
+        peer_rows_.push_back(row);
+        if (outcome == Outcome::kSucceeded && row.kind != RankFailure::Kind::kOk) {
+          outcome = Outcome::kPeerFailed;
+          cancel_reason = "node " + std::to_string(report.node_rank) + " (" + report.host +
+                          ") failed after this node's ranks had finished";
+        }
+      }
+    }
+    for (int node = 0; node < nodes_.nnodes; ++node) {
+      if (reported[static_cast<std::size_t>(node)]) continue;
+      peer_logs_.push_back("node " + std::to_string(node) + " sent no report: its sgpu is gone");
+      if (outcome == Outcome::kSucceeded) {
+        outcome = Outcome::kPeerFailed;
+        cancel_reason = "node " + std::to_string(node) + " sent no report: its sgpu is gone";
+      }
+    }
+    link_.reset();  // node 0: the store stays until every node has read the reports
+  }
+
+  // The error's text. Over several nodes, node 0 shows every rank; the others show their
+  // own and say where the rest is.
+  std::string failure_text(const std::string& headline,
+                           const std::vector<RankFailure>& rows) const {
+    if (!nodes_.several()) return format_failure(headline, rows, run_dir_);
+    if (nodes_.node_rank == 0) {
+      std::string text = format_failure(headline, rows, run_dir_);
+      for (const std::string& line : peer_logs_) text += "\n" + line;
+      return text;
+    }
+    std::vector<RankFailure> here;
+    for (const RankFailure& row : rows) {
+      if (row.node_rank == nodes_.node_rank || row.root_cause) here.push_back(row);
+    }
+    return format_failure(
+        headline + "\nnode 0 (" + nodes_.host + ") shows every rank of the launch", here, run_dir_);
   }
 
   // Step 4's other half: the run ends once every rank is gone, so it holds everything the
@@ -703,7 +826,11 @@ class CallImpl final : public detail::Call {
   RankFailure row_for(const RankSlot& slot) const {
     RankFailure row;
     row.rank = slot.rank;
-    row.local_rank = slot.rank;
+    row.local_rank = slot.local_rank;
+    if (link_ || nodes_.several()) {
+      row.node_rank = nodes_.node_rank;
+      row.host = node_host_;
+    }
     row.pid = slot.pid;
     row.time = slot.exit_time;
     row.stderr_tail = slot.err ? slot.err->tail() : "";
@@ -754,6 +881,11 @@ class CallImpl final : public detail::Call {
     std::exception_ptr error;
     std::vector<RankFailure> rows;
     for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
+    if (!peer_rows_.empty()) {
+      rows.insert(rows.end(), peer_rows_.begin(), peer_rows_.end());
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    }
     // A fault that ends its rank, planned but never acted, cannot end in success.
     const std::vector<std::string> unacted =
         outcome == Outcome::kSucceeded
@@ -764,10 +896,10 @@ class CallImpl final : public detail::Call {
       std::string list;
       for (const std::string& fault : unacted) list += "\n  " + fault;
       error = std::make_exception_ptr(DistributedError(
-          format_failure("sgpu: every rank of " + function_label() +
-                             " finished, but the fault plan did not act:" + list +
-                             "\nsuch a fault ends its rank; fix the plan or the point it names",
-                         rows, run_dir_),
+          failure_text("sgpu: every rank of " + function_label() +
+                           " finished, but the fault plan did not act:" + list +
+                           "\nsuch a fault ends its rank; fix the plan or the point it names",
+                       rows),
           rows, run_dir_));
     } else if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
       results.assign(slots_.size(), std::string());
@@ -782,7 +914,7 @@ class CallImpl final : public detail::Call {
           rows[i].message = e.what();
           rows[i].root_cause = true;
           error = std::make_exception_ptr(
-              DistributedError(format_failure(headline(1), rows, run_dir_), rows, run_dir_));
+              DistributedError(failure_text(headline(1), rows), rows, run_dir_));
         }
       }
     } else {
@@ -805,7 +937,7 @@ class CallImpl final : public detail::Call {
           headline += "\n" + collectives_.verdict + "\n" + collectives_.table + stack_text();
         }
         error = std::make_exception_ptr(
-            TimeoutError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
+            TimeoutError(failure_text(headline, rows), rows, run_dir_, collectives_));
       } else if (outcome == Outcome::kHung) {
         const std::string headline =
             "sgpu: " + function_label() + " hung: " + collectives_.verdict + "\n" +
@@ -816,16 +948,20 @@ class CallImpl final : public detail::Call {
             "pass " +
             contract::spell_none("hang_timeout") + ")";
         error = std::make_exception_ptr(
-            HangError(format_failure(headline, rows, run_dir_), rows, run_dir_, collectives_));
+            HangError(failure_text(headline, rows), rows, run_dir_, collectives_));
       } else if (outcome == Outcome::kCancelled) {
         error = std::make_exception_ptr(CancelledError(
-            format_failure("sgpu: " + function_label() + " " + cancel_reason, rows, run_dir_), rows,
-            run_dir_));
+            failure_text("sgpu: " + function_label() + " " + cancel_reason, rows), rows, run_dir_));
+      } else if (outcome == Outcome::kPeerFailed) {
+        error = std::make_exception_ptr(DistributedError(
+            failure_text("sgpu: " + function_label() +
+                             " failed on another node of the launch: " + cancel_reason,
+                         rows),
+            rows, run_dir_));
       } else if (outcome == Outcome::kStartFailed) {
         error = std::make_exception_ptr(DistributedError(
-            format_failure(
-                "sgpu: cannot start the ranks of " + function_label() + ": " + start_error, rows,
-                run_dir_),
+            failure_text("sgpu: cannot start the ranks of " + function_label() + ": " + start_error,
+                         rows),
             rows, run_dir_));
       } else {
         // A failure in or around a collective: what the rings say comes after the root cause.
@@ -835,8 +971,8 @@ class CallImpl final : public detail::Call {
           collectives = collectives_;
           text += "\n" + collectives.verdict + "\n" + collectives.table + stack_text();
         }
-        error = std::make_exception_ptr(DistributedError(format_failure(text, rows, run_dir_), rows,
-                                                         run_dir_, std::move(collectives)));
+        error = std::make_exception_ptr(
+            DistributedError(failure_text(text, rows), rows, run_dir_, std::move(collectives)));
       }
     }
     std::vector<MemoryStats> memory;
@@ -881,6 +1017,11 @@ class CallImpl final : public detail::Call {
   UniqueFd cancel_fd_;
   std::unique_ptr<RankStarter> starter_;
   std::unique_ptr<rendezvous::HostStore> store_;
+  std::unique_ptr<NodeLink> link_;      // several nodes: this node's link to the others
+  const NodePlan nodes_;                // this node's place; one node without a link
+  const std::string node_host_;         // this node's host name, several nodes
+  std::vector<RankFailure> peer_rows_;  // the other nodes' ranks, from their reports
+  std::vector<std::string> peer_logs_;  // where the other nodes keep their logs
   std::vector<RankSlot> slots_;
   Phase phase_ = Phase::kRunning;  // NOTE [The monitor's phases]
   Clock::time_point phase_until_ = Clock::time_point::max();
@@ -896,31 +1037,48 @@ class CallImpl final : public detail::Call {
   std::exception_ptr error_;
 };
 
-std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
-                                    serialize::CallRecord record, WorkerCall spec = {}) {
-  const bool runs_a_program = kind != CallKind::kFunction;
-  launcher::check_options(options, runs_a_program);
-  const Timeout hang_timeout = hang_timeout_of(options);
-  // The fork server forks this binary; a program's ranks are other binaries, and a
-  // worker's come from its own server when it has one.
-  const bool forks = kind == CallKind::kFunction || !spec.fork_server.empty();
-  const StartMethod method = forks ? launcher::resolve_start_method(options) : StartMethod::kExec;
-  const backend::Backend& chosen = backend::choose_backend(options);
-  const backend::Inventory inventory = chosen.inventory(options);
-  backend::Selection selection =
-      backend::select_devices(inventory, options.gpus, options.gpu_type, chosen.name());
-  std::vector<std::string> backend_env = chosen.rank_environment(options);
-  if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
-      size > options.max_payload_bytes) {
-    throw ConfigError("the arguments take " + std::to_string(size) +
-                      " bytes serialized, over max_payload_bytes (" +
-                      std::to_string(options.max_payload_bytes) +
-                      "); raise the limit, or load large data inside the function");
+std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& options,
+                                            serialize::CallRecord record, WorkerCall spec,
+                                            std::unique_ptr<NodeLink> link) {
+  // A node whose own checks fail tells the others before it throws.
+  const auto refuse = [&](const std::exception& e) {
+    if (link) link->agree(e.what());
+  };
+  Timeout hang_timeout;
+  StartMethod method = StartMethod::kExec;
+  const backend::Backend* chosen_backend = nullptr;
+  backend::Inventory inventory;
+  backend::Selection selection;
+  std::vector<std::string> backend_env;
+  try {
+    hang_timeout = hang_timeout_of(options);
+    // The fork server forks this binary; a program's ranks are other binaries, and a
+    // worker's come from its own server when it has one.
+    const bool forks = kind == CallKind::kFunction || !spec.fork_server.empty();
+    method = forks ? launcher::resolve_start_method(options) : StartMethod::kExec;
+    chosen_backend = &backend::choose_backend(options);
+    inventory = chosen_backend->inventory(options);
+    selection =
+        backend::select_devices(inventory, options.gpus, options.gpu_type, chosen_backend->name());
+    backend_env = chosen_backend->rank_environment(options);
+    if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
+        size > options.max_payload_bytes) {
+      throw ConfigError("the arguments take " + std::to_string(size) +
+                        " bytes serialized, over max_payload_bytes (" +
+                        std::to_string(options.max_payload_bytes) +
+                        "); raise the limit, or load large data inside the function");
+    }
+  } catch (const Error& e) {
+    refuse(e);
+    throw;
   }
+  const backend::Backend& chosen = *chosen_backend;
+  if (link) link->agree("");  // every node can serve the launch, or this throws
   record.max_payload_bytes = options.max_payload_bytes;
   // 4. tracking: the call's run exists before any rank starts.
   tracking::CallRunRequest run_request;
-  run_request.tracking = options.tracking;
+  // One run per launch: node 0's (the other nodes' ranks log nothing so far).
+  run_request.tracking = options.tracking && options.node_rank <= 0;
   run_request.tracking_uri = options.tracking_uri;
   run_request.experiment = options.experiment;
   run_request.gpus = options.gpus;
@@ -968,13 +1126,37 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& options,
     spec.payload.clear();  // staged: the ranks read it from call.bin
     auto call = std::make_shared<launcher::CallImpl>(
         kind, options, std::move(record), std::move(spec), std::string(chosen.name()),
-        std::move(backend_env), std::move(selection), run_dir, std::move(tracking), hang_timeout);
+        std::move(backend_env), std::move(selection), run_dir, std::move(tracking), hang_timeout,
+        std::move(link));
     call->start(method);
     return call;
   } catch (...) {
     if (tracking) tracking->end(tracking::RunStatus::kFailed, {});
     throw;
   }
+}
+
+std::shared_ptr<detail::Call> start(CallKind kind, const Options& given,
+                                    serialize::CallRecord record, WorkerCall spec = {}) {
+  const bool runs_a_program = kind != CallKind::kFunction;
+  // This node's place (NOTE [Several nodes]); the options carry it from here on.
+  const NodePlan nodes = plan_nodes(given);
+  Options options = given;
+  options.nnodes = nodes.nnodes;
+  options.node_rank = nodes.node_rank;
+  launcher::check_options(options, runs_a_program);
+  if (nodes.several() && kind != CallKind::kProgram) {
+    throw ConfigError("this launch would span " + std::to_string(nodes.nnodes) + " nodes (" +
+                      nodes.describe() +
+                      "), and so far only sgpu run's programs span nodes: a distributed "
+                      "function runs on one node; set " +
+                      contract::spell("nnodes", "1") + ", or start it outside " + nodes.engine);
+  }
+  // Over several nodes every node reaches node 0's store before anything else, so that
+  // a node that cannot serve the launch stops all of them before any rank starts.
+  std::unique_ptr<NodeLink> link;
+  if (nodes.several()) link = std::make_unique<NodeLink>(nodes, options.gpus, options.rdzv_timeout);
+  return start_checked(kind, options, std::move(record), std::move(spec), std::move(link));
 }
 
 }  // namespace

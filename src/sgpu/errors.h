@@ -56,6 +56,8 @@ struct RankFailure {
   };
   int rank = -1;
   int local_rank = -1;
+  int node_rank = 0;  // the node it ran on, in a launch over several nodes
+  std::string host;   // that node's host name, in a launch over several nodes
   pid_t pid = 0;
   Kind kind = Kind::kOk;
   std::optional<int> exit_code;

@@ -77,6 +77,16 @@ struct Options {
                              // it holds runs already, else sqlite:///mlflow.db
   std::string experiment;    // experiment name, created if missing; empty:
                              // MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else Default
+  // Several nodes (README "Several nodes"): the same launch on every node, each with its
+  // own node_rank, meeting at node 0's store. Left unset they come from the engine this
+  // process runs under (torchrun's PET_* variables, a Slurm step, Open MPI or PMI), else
+  // the launch is this node alone. So far only sgpu run's programs span nodes.
+  int nnodes = 0;             // nodes in the launch; 0: detected, else 1
+  int node_rank = -1;         // this node's place, 0 to nnodes-1; -1: detected
+  std::string rdzv_endpoint;  // HOST[:PORT] of node 0's store (port 29500 when left out);
+                              // node 0 listens on HOST's address
+  std::string rdzv_id;        // the launch's name, the same on every node; empty: derived
+  std::chrono::milliseconds rdzv_timeout = std::chrono::minutes(10);  // for every node to join
 };
 
 // The folder run folders go in: Options::runs_dir, else SGPU_RUNS_DIR, else

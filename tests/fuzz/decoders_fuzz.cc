@@ -14,6 +14,8 @@
 //     finite time >= 0 and writes JSON that reads back the same
 //   8 a pending run's record (tracking-pending.json)                    (never throws)
 //   9 DeepSpeed configurations as ZeRO reads them                        ConfigError
+//  10 what the nodes of a launch tell each other: a node's report         invalid_argument
+//     (node_report.h), and Slurm host lists and rendezvous endpoints      ConfigError
 // Built and run by tests/fuzz/fuzz_decoders.sh with clang; seeds in tests/fuzz/corpus/.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,8 +27,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "launcher/nodes.h"
 #include "model/platform.h"
 #include "serialize/error_record.h"
+#include "serialize/node_report.h"
 #include "serialize/record.h"
 #include "sgpu/checkpoint/manifest.h"
 #include "sgpu/errors.h"
@@ -97,7 +101,7 @@ void platform(const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 10) {
+  switch (data[0] % 11) {
     case 0:
       records(input);
       break;
@@ -152,6 +156,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 9:
       try {
         (void)sgpu::parallel::ZeroConfig::parse(input);
+      } catch (const sgpu::ConfigError&) {
+      }
+      break;
+    case 10:
+      try {
+        (void)sgpu::serialize::parse_node_report(input);
+      } catch (const std::invalid_argument&) {
+      }
+      try {
+        if (sgpu::launcher::expand_hostlist(input).empty() && !input.empty()) std::abort();
+      } catch (const sgpu::ConfigError&) {
+      }
+      try {
+        (void)sgpu::launcher::parse_endpoint(input, 29500, "fuzz");
       } catch (const sgpu::ConfigError&) {
       }
       break;

@@ -1,0 +1,261 @@
+#include "launcher/node_link.h"
+
+#include <unistd.h>
+
+#include <sstream>
+#include <thread>
+
+#include "contract/front_end.h"
+#include "sgpu/errors.h"
+
+namespace sgpu::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kBeatEvery = std::chrono::milliseconds(250);
+constexpr auto kFailureCheckEvery = std::chrono::milliseconds(100);
+constexpr auto kRound = std::chrono::milliseconds(50);
+// How long node 0 keeps its store for nodes that have not read every report yet.
+constexpr auto kReadLimit = std::chrono::seconds(5);
+
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out << static_cast<double>(ms.count()) / 1000 << " s";
+  return out.str();
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
+    : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(this_host()) {
+  const std::string endpoint = plan_.host + ":" + std::to_string(plan_.port);
+  const std::string launch =
+      plan_.id + " " + std::to_string(plan_.nnodes) + " " + std::to_string(gpus_per_node);
+  if (plan_.node_rank == 0) {
+    try {
+      host_ = std::make_unique<rendezvous::HostStore>(plan_.host, plan_.port);
+      store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
+    } catch (const std::runtime_error& e) {
+      throw Error(std::string("node 0 cannot host the launch's store: ") + e.what() +
+                  "; name this node's own address in " + contract::spell("rdzv_endpoint") +
+                  ", with a port no other program holds");
+    }
+    store_->set("sgpu/launch", launch);
+  } else {
+    const auto deadline = Clock::now() + join_timeout_;
+    try {
+      store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
+    } catch (const std::runtime_error& e) {
+      throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
+                  endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
+                  "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
+                  ", check that this node can reach that address and port, or raise " +
+                  contract::spell("rdzv_timeout"));
+    }
+    std::optional<std::string> hosted;
+    while (!(hosted = store_->get("sgpu/launch")) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(kRound);
+    }
+    if (!hosted) {
+      throw Error("the store at " + endpoint + " answers but hosts no sgpu launch: is " +
+                  contract::spell("rdzv_endpoint") + " another program's port?");
+    }
+    if (*hosted != launch) {
+      const auto words = [](const std::string& text) {
+        std::istringstream in(text);
+        std::string id, nodes, gpus;
+        in >> id >> nodes >> gpus;
+        return "launch \"" + id + "\" of " + nodes + " nodes with " + gpus + " GPUs each";
+      };
+      const std::string what = "node 0 at " + endpoint + " hosts " + words(*hosted) +
+                               ", and node " + std::to_string(plan_.node_rank) + " asks for " +
+                               words(launch) + ": give every node the same " +
+                               contract::spell("nnodes") + ", " + contract::spell("gpus") +
+                               " and " + contract::spell("rdzv_id");
+      // The others stop at once too, rather than wait for this node to join.
+      if (!store_->get(key(plan_.node_rank, "ready"))) agree(what);
+      throw ConfigError(what);
+    }
+  }
+  if (store_->add(key(plan_.node_rank, "claim"), 1) > 1) {
+    throw ConfigError("another node has joined the launch as node " +
+                      std::to_string(plan_.node_rank) + " already: give each node its own " +
+                      contract::spell("node_rank") + " (0 to " + std::to_string(plan_.nnodes - 1) +
+                      ")");
+  }
+  heard_.assign(static_cast<std::size_t>(plan_.nnodes), Heard{"", Clock::now()});
+}
+
+NodeLink::~NodeLink() {
+  if (!host_ || broken_) return;
+  // The others may still be reading the reports: the store stays until they have, or
+  // have gone quiet, or kReadLimit has passed.
+  const auto deadline = Clock::now() + kReadLimit;
+  try {
+    for (int node = 1; node < plan_.nnodes; ++node) {
+      while (!store_->get(key(node, "read")) && !silent(node) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(kRound);
+      }
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+std::string NodeLink::key(int node, const char* what) const {
+  return "sgpu/node/" + std::to_string(node) + "/" + what;
+}
+
+void NodeLink::agree(const std::string& failure) {
+  store_->set(key(plan_.node_rank, "ready"),
+              failure.empty() ? "ok\n" + host_name_ : "error\n" + host_name_ + "\n" + failure);
+  if (!failure.empty()) return;  // the caller throws its own error
+  beat();
+  const auto deadline = Clock::now() + join_timeout_;
+  std::vector<int> missing;
+  do {
+    missing.clear();
+    for (int node = 0; node < plan_.nnodes; ++node) {
+      const auto ready = store_->get(key(node, "ready"));
+      if (!ready) {
+        missing.push_back(node);
+        continue;
+      }
+      const std::vector<std::string> parts = lines(*ready);
+      if (!parts.empty() && parts[0] == "error" && node != plan_.node_rank) {
+        std::string why;
+        for (std::size_t i = 2; i < parts.size(); ++i) why += (i > 2 ? "\n" : "") + parts[i];
+        throw AcceleratorMismatchError("node " + std::to_string(node) + " (" +
+                                       (parts.size() > 1 ? parts[1] : "?") +
+                                       ") cannot serve the launch: " + why);
+      }
+    }
+    if (missing.empty()) return;
+    std::this_thread::sleep_for(kRound);
+  } while (Clock::now() < deadline);
+  std::string list;
+  for (int node : missing) list += (list.empty() ? "" : ", ") + std::to_string(node);
+  throw Error("node(s) " + list + " of " + std::to_string(plan_.nnodes) +
+              " did not join the launch at " + plan_.host + ":" + std::to_string(plan_.port) +
+              " within " + seconds(join_timeout_) + ": start sgpu on every node with the same " +
+              contract::spell("rdzv_endpoint") + ", or raise " + contract::spell("rdzv_timeout"));
+}
+
+void NodeLink::beat() {
+  next_beat_ = Clock::now() + kBeatEvery;
+  store_->set(key(plan_.node_rank, "beat"), std::to_string(++beats_));
+}
+
+bool NodeLink::silent(int node) {
+  if (node == plan_.node_rank) return false;
+  Heard& heard = heard_[static_cast<std::size_t>(node)];
+  const std::string now = store_->get(key(node, "beat")).value_or("");
+  if (now != heard.beat) {
+    heard.beat = now;
+    heard.when = Clock::now();
+    return false;
+  }
+  return Clock::now() - heard.when > kSilentLimit;
+}
+
+std::optional<std::string> NodeLink::poll() {
+  if (broken_) return std::nullopt;
+  const auto now = Clock::now();
+  try {
+    if (now >= next_beat_) beat();
+    if (now >= next_failure_check_) {
+      next_failure_check_ = now + kFailureCheckEvery;
+      if (const auto failure = store_->get("sgpu/failure")) {
+        const auto newline = failure->find('\n');
+        if (failure->substr(0, newline) != std::to_string(plan_.node_rank)) {
+          return failure->substr(newline == std::string::npos ? 0 : newline + 1);
+        }
+      }
+    }
+    if (now >= next_check_) {
+      next_check_ = now + std::chrono::milliseconds(500);
+      for (int node = 0; node < plan_.nnodes; ++node) {
+        if (silent(node) && !store_->get(key(node, "done"))) {
+          return "node " + std::to_string(node) + " has not been heard from for " +
+                 std::to_string(kSilentLimit.count()) +
+                 " s: its sgpu is gone (killed, or its host went down)";
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    broken_ = true;
+    return "node 0's store at " + plan_.host + ":" + std::to_string(plan_.port) +
+           " stopped answering: node 0's sgpu is gone (killed, or its host went down)";
+  }
+  return std::nullopt;
+}
+
+void NodeLink::post_failure(const std::string& what) {
+  if (broken_ || failure_posted_) return;
+  failure_posted_ = true;
+  try {
+    store_->set_if_absent("sgpu/failure", std::to_string(plan_.node_rank) + "\n" + what);
+  } catch (const std::exception&) {
+    broken_ = true;
+  }
+}
+
+std::vector<serialize::NodeReport> NodeLink::exchange(const serialize::NodeReport& mine,
+                                                      const std::function<bool()>& stop) {
+  std::vector<std::optional<serialize::NodeReport>> reports(static_cast<std::size_t>(plan_.nnodes));
+  reports[static_cast<std::size_t>(plan_.node_rank)] = mine;
+  if (!broken_) {
+    try {
+      store_->set(key(plan_.node_rank, "done"), serialize::node_report_json(mine));
+      std::vector<bool> settled(reports.size(), false);
+      settled[static_cast<std::size_t>(plan_.node_rank)] = true;
+      auto next_silence_check = Clock::now();
+      while (true) {
+        if (Clock::now() >= next_beat_) beat();
+        const bool check_silence = Clock::now() >= next_silence_check;
+        if (check_silence) next_silence_check = Clock::now() + std::chrono::milliseconds(500);
+        bool all = true;
+        for (int node = 0; node < plan_.nnodes; ++node) {
+          const auto i = static_cast<std::size_t>(node);
+          if (settled[i]) continue;
+          if (const auto done = store_->get(key(node, "done"))) {
+            try {
+              reports[i] = serialize::parse_node_report(*done);
+            } catch (const std::invalid_argument&) {
+            }
+            settled[i] = true;
+          } else if (check_silence && silent(node)) {
+            settled[i] = true;
+          } else {
+            all = false;
+          }
+        }
+        if (all || stop()) break;
+        std::this_thread::sleep_for(kRound);
+      }
+      store_->set(key(plan_.node_rank, "read"), "1");
+    } catch (const std::exception&) {
+      broken_ = true;
+    }
+  }
+  std::vector<serialize::NodeReport> out;
+  for (auto& report : reports) {
+    if (report) out.push_back(std::move(*report));
+  }
+  return out;
+}
+
+}  // namespace sgpu::launcher

@@ -1,0 +1,331 @@
+"""`sgpu run` over several nodes with torchrun's contract (--nnodes, --node-rank,
+--rdzv-endpoint, or the PET_* variables): every node's sgpu on this machine's loopback, as
+a scheduler would start them. The ranks take torchrun's global places and train together;
+one failure, on any node, ends every rank on every node with that root cause; a node whose
+sgpu is killed ends the others; a node that cannot serve the launch stops it before any
+rank starts."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import processes_with_marker, wait_until
+
+SGPU = os.environ.get("SGPU_CLI", "")
+pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
+DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launch:
+    """One sgpu per node, all started at once; `nodes[k]` is node k's process."""
+
+    def __init__(self, tmp_path, program, nnodes, gpus=2, per_node=None, env=None, flags=()):
+        self.port = free_port()
+        self.marker = f"{os.getpid()}-{self.port}"
+        self.nodes = []
+        for node in range(nnodes):
+            node_flags = ["--nnodes", str(nnodes), "--node-rank", str(node),
+                          "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-timeout", "60"]
+            extra = (per_node or {}).get(node, {})
+            node_env = dict(os.environ, SGPU_TRACKING="off", SGPU_TEST_MARKER=self.marker,
+                            SGPU_RUNS_DIR=str(tmp_path / f"runs-{node}"), **(env or {}),
+                            **extra.get("env", {}))
+            command = [SGPU, "run", "--backend", "sim", "--gpus", str(extra.get("gpus", gpus)),
+                       *extra.get("flags", node_flags), *flags, "--", *program]
+            self.nodes.append(subprocess.Popen(command, env=node_env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True))
+
+    def finish(self, timeout=180):
+        results = []
+        for child in self.nodes:
+            out, err = child.communicate(timeout=timeout)
+            results.append((child.returncode, out, err))
+        return results
+
+    def ranks_left(self):
+        return processes_with_marker(f"SGPU_TEST_MARKER={self.marker}")
+
+
+def script(tmp_path, body) -> list[str]:
+    path = tmp_path / "program.py"
+    path.write_text(textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def test_a_ddp_script_trains_over_two_nodes_with_torchruns_places(tmp_path):
+    places = script(tmp_path, """
+        import os, sgpu
+        names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+        print("place", *[os.environ[n] for n in names], sgpu.get_global_rank(), sgpu.get_node_rank())
+        """)
+    launch = Launch(tmp_path, places, nnodes=2, gpus=3)
+    results = launch.finish()
+    assert [code for code, _, _ in results] == [0, 0], results
+    seen = sorted(line.split("place ", 1)[1] for _, out, _ in results for line in out.splitlines()
+                  if "place " in line)
+    port = str(launch.port)
+    expected = sorted(f"{n * 3 + l} {l} 6 3 {n} {n} 2 6 127.0.0.1 {port} {n * 3 + l} {n}"
+                      for n in range(2) for l in range(3))
+    assert seen == expected, results
+    # A real PyTorch DDP script: Gloo across the nodes, the same parameters everywhere.
+    results = Launch(tmp_path, [sys.executable, DDP_SCRIPT], nnodes=2).finish()
+    assert [code for code, _, _ in results] == [0, 0], results
+    agreed = sorted(re.findall(r"rank (\d): parameters agree", results[0][1] + results[1][1]))
+    assert agreed == ["0", "1", "2", "3"], results
+
+
+def test_the_same_launch_from_torchruns_pet_variables(tmp_path):
+    port = free_port()
+    per_node = {node: {"flags": [], "env": {"PET_NNODES": "2", "PET_NODE_RANK": str(node),
+                                             "PET_MASTER_ADDR": "127.0.0.1",
+                                             "PET_MASTER_PORT": str(port)}} for node in range(2)}
+    program = script(tmp_path, 'import os; print("place", os.environ["RANK"], os.environ["NODE_RANK"])')
+    results = Launch(tmp_path, program, nnodes=2, per_node=per_node).finish()
+    assert [code for code, _, _ in results] == [0, 0], results
+    seen = sorted(line.split("place ", 1)[1] for _, out, _ in results for line in out.splitlines()
+                  if "place " in line)
+    assert seen == ["0 0", "1 0", "2 1", "3 1"], results
+
+
+SLEEPER = """
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+    if os.environ.get("CRASH_RANK") == str(rank):
+        time.sleep(2)
+        print(f"crashing at {time.time():.3f}", file=sys.stderr, flush=True)
+        os._exit(7)
+    time.sleep(120)  # not in a collective: nothing but sgpu can end it
+    """
+
+
+def test_a_crash_on_one_node_ends_every_rank_on_every_node_with_that_root_cause(tmp_path):
+    launch = Launch(tmp_path, script(tmp_path, SLEEPER), nnodes=3, env={"CRASH_RANK": "3"})
+    results = launch.finish()
+    ended = time.time()
+    # The crashing rank is rank 3: node 1's second. Every node ends as it did.
+    assert [code for code, _, _ in results] == [7, 7, 7], results
+    crashed = float(re.search(r"crashing at ([0-9.]+)", results[1][2]).group(1))
+    # Every sgpu has ended, and with it every rank, long before the others' sleep would
+    # (torchrun's agents leave them running until its exit barrier).
+    assert ended - crashed < 10, f"{ended - crashed:.2f} s"
+    assert launch.ranks_left() == []
+    table = results[0][2]
+    assert "root cause: rank 3 (node 1" in table, table
+    assert re.search(r"^  3 +1 +\d+ +exited with code 7  <- root cause$", table, re.M), table
+    for rank in (0, 1, 2, 4, 5):  # node 0 shows every rank of the launch
+        assert re.search(rf"^  {rank} +{rank // 2} +\d+ +terminated by sgpu", table, re.M), table
+    assert "logs of node 1" in table and "logs of node 2" in table, table
+    for code, _, err in results[1:]:
+        assert "node 0 (127.0.0.1) shows every rank of the launch" in err, err
+        assert "root cause: rank 3 (node 1" in err, err
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_node_whose_sgpu_is_killed_ends_the_others(tmp_path, victim):
+    launch = Launch(tmp_path, script(tmp_path, SLEEPER), nnodes=2)
+    assert wait_until(lambda: len(launch.ranks_left()) >= 2 * (1 + 2 * 2), limit=60), launch.ranks_left()
+    launch.nodes[victim].send_signal(signal.SIGKILL)
+    killed = time.time()
+    results = launch.finish(timeout=60)
+    ended = time.time()
+    survivor = results[1 - victim]
+    assert survivor[0] == 1, results
+    expected = ("node 0's store at 127.0.0.1" if victim == 0 else "node 1 has not been heard from")
+    assert expected in survivor[2], survivor[2]
+    assert ended - killed < 15, f"{ended - killed:.2f} s"
+    assert wait_until(lambda: launch.ranks_left() == [], limit=10), launch.ranks_left()
+
+
+def test_a_node_that_cannot_serve_the_launch_stops_every_node_before_any_rank_starts(tmp_path):
+    started = tmp_path / "started"
+    program = script(tmp_path, f'open("{started}", "a").write("x")')
+    launch = Launch(tmp_path, program, nnodes=2,
+                    per_node={1: {"env": {"SGPU_SIM": "2xA10"}}}, flags=("--gpu-type", "H100"))
+    results = launch.finish()
+    assert [code for code, _, _ in results] == [3, 3], results
+    assert "node 1 " in results[0][2] and "cannot serve the launch" in results[0][2], results[0][2]
+    assert "H100" in results[1][2], results[1][2]
+    assert not started.exists()
+
+
+def test_nodes_that_disagree_on_the_launch_are_told_which_setting(tmp_path):
+    launch = Launch(tmp_path, script(tmp_path, "pass"), nnodes=2, per_node={1: {"gpus": 3}})
+    results = launch.finish()
+    assert results[1][0] == 2, results
+    assert "with 2 GPUs each" in results[1][2] and "--gpus" in results[1][2], results[1][2]
+    assert results[0][0] != 0, results
+
+
+def test_a_node_that_cannot_reach_node_0_says_where_it_looked(tmp_path):
+    port = free_port()  # nothing listens there
+    child = subprocess.run(
+        [SGPU, "run", "--backend", "sim", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+         f"127.0.0.1:{port}", "--rdzv-timeout", "2", "--", sys.executable, "-c", "pass"],
+        env=dict(os.environ, SGPU_TRACKING="off"), capture_output=True, text=True, timeout=60)
+    assert child.returncode == 1, child
+    assert f"cannot reach node 0's store at 127.0.0.1:{port} within 2 s" in child.stderr, child.stderr
+    assert "--rdzv-endpoint" in child.stderr, child.stderr
+
+
+def test_node_zero_listens_only_on_the_endpoints_address(tmp_path):
+    # A name for one of this machine's own addresses other than 127.0.0.1.
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        pytest.skip(f"this machine's name {host} does not resolve")
+    port = free_port()
+    program = script(tmp_path, "import time; time.sleep(30)")
+    child = subprocess.Popen(
+        [SGPU, "run", "--backend", "sim", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+         f"{host}:{port}", "--rdzv-timeout", "20", "--", *program],
+        env=dict(os.environ, SGPU_TRACKING="off"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+    def listening():
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+        return [row[1] for row in rows if row[3] == "0A" and int(row[1].split(":")[1], 16) == port]
+
+    assert wait_until(lambda: listening() != [], limit=20), child
+    hex_address = socket.inet_aton(address)[::-1].hex().upper()
+    assert listening() == [f"{hex_address}:{port:04X}"], (listening(), address)
+    child.kill()
+    child.communicate()
+
+
+class Hosts:
+    """Hosts for a launch: network namespaces with an address, a host name and an
+    /etc/hosts each, joined by a bridge that lives in a namespace of its own (the root
+    namespace gets no address or route on their network), removed after every outcome."""
+
+    def __init__(self, tmp_path, count):
+        self.prefix = f"sgpu{os.getpid() % 100000}"
+        self.names = [f"{self.prefix}-h{i}" for i in range(count)]
+        self.bridge = f"{self.prefix}-br"
+        self.made = []
+        self.hosts_file = tmp_path / "hosts"
+        self.addresses = [f"10.213.0.{i + 1}" for i in range(count)]
+        lines = ["127.0.0.1 localhost", "::1 localhost", "::ffff:127.0.0.1 localhost"]
+        for i, address in enumerate(self.addresses):
+            lines += [f"{address} h{i}", f"::ffff:{address} h{i}"]
+        self.hosts_file.write_text("\n".join(lines) + "\n")
+        self.ip("netns", "add", self.bridge)
+        self.made.append(self.bridge)
+        self.ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.bridge, "link", "set", "br0", "up")
+        for i, name in enumerate(self.names):
+            self.ip("netns", "add", name)
+            self.made.append(name)
+            self.ip("-n", self.bridge, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0",
+                    "netns", name)
+            self.ip("-n", self.bridge, "link", "set", f"v{i}", "master", "br0", "up")
+            self.ip("-n", name, "addr", "add", f"{self.addresses[i]}/24", "dev", "eth0")
+            self.ip("-n", name, "link", "set", "eth0", "up")
+            self.ip("-n", name, "link", "set", "lo", "up")
+
+    @staticmethod
+    def ip(*args):
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+    def command(self, host, command):
+        """`command` on host `host`: its network, its host name, its /etc/hosts."""
+        return ["nsenter", f"--net=/run/netns/{self.names[host]}", "unshare", "--uts", "--mount",
+                "sh", "-c", f'hostname h{host} && mount --bind {self.hosts_file} /etc/hosts && exec "$@"',
+                "sh", *command]
+
+    def remove(self):
+        for name in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    made = []
+
+    def make(count):
+        if os.geteuid() != 0:
+            pytest.skip("network namespaces for hosts need root (CI runs as root)")
+        try:
+            made.append(Hosts(tmp_path, count))
+        except OSError as e:
+            if made:
+                made[-1].remove()
+            pytest.skip(f"cannot create network namespaces here: {e}")
+        return made[-1]
+
+    yield make
+    for host_set in made:
+        host_set.remove()
+
+
+def launch_on_hosts(hosts, tmp_path, count, program, env=None, gpus=2):
+    marker = f"{os.getpid()}-hosts"
+    children = []
+    for node in range(count):
+        command = [SGPU, "run", "--backend", "sim", "--gpus", str(gpus), "--nnodes", str(count),
+                   "--node-rank", str(node), "--rdzv-endpoint", "h0:29500", "--rdzv-timeout", "60",
+                   "--", *program]
+        node_env = dict(os.environ, SGPU_TRACKING="off", SGPU_TEST_MARKER=marker,
+                        SGPU_RUNS_DIR=str(tmp_path / f"runs-{node}"), **(env or {}))
+        children.append(subprocess.Popen(hosts.command(node, command), env=node_env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return children, marker
+
+
+def test_on_namespace_hosts_ddp_trains_and_the_store_listens_on_node_0s_address(tmp_path, hosts):
+    host_set = hosts(2)
+    children, _ = launch_on_hosts(host_set, tmp_path, 2, [sys.executable, DDP_SCRIPT])
+    node0 = children[0]
+
+    def store_addresses():
+        # The listening sockets of node 0's network namespace, through its sgpu's /proc.
+        try:
+            with open(f"/proc/{node0.pid}/net/tcp") as table:
+                rows = [line.split() for line in table.readlines()[1:]]
+        except OSError:
+            return []
+        return [row[1] for row in rows if row[3] == "0A" and row[1].endswith(f":{29500:04X}")]
+
+    assert wait_until(lambda: store_addresses() != [] or node0.poll() is not None, limit=60)
+    listening = store_addresses()
+    results = [(c.returncode, *c.communicate(timeout=180)) for c in children]
+    results = [(c.returncode, out, err) for c, (_, out, err) in zip(children, results)]
+    assert [code for code, _, _ in results] == [0, 0], results
+    node0_address = socket.inet_aton(host_set.addresses[0])[::-1].hex().upper()
+    assert listening == [f"{node0_address}:{29500:04X}"], listening  # not 0.0.0.0 or loopback
+    agreed = sorted(re.findall(r"rank (\d): parameters agree", results[0][1] + results[1][1]))
+    assert agreed == ["0", "1", "2", "3"], results
+
+
+def test_on_namespace_hosts_a_crash_on_node_1_ends_every_rank_of_three(tmp_path, hosts):
+    host_set = hosts(3)
+    children, marker = launch_on_hosts(host_set, tmp_path, 3, script(tmp_path, SLEEPER),
+                                       env={"CRASH_RANK": "3"})
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=180)
+        results.append((child.returncode, out, err))
+    ended = time.time()
+    assert [code for code, _, _ in results] == [7, 7, 7], results
+    crashed = float(re.search(r"crashing at ([0-9.]+)", results[1][2]).group(1))
+    assert ended - crashed < 10, f"{ended - crashed:.2f} s"
+    assert "root cause: rank 3 (node 1 h1" in results[0][2], results[0][2]
+    assert "node 0 (h0) shows every rank of the launch" in results[2][2], results[2][2]
+    assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
