@@ -1,11 +1,10 @@
 #include "launcher/node_link.h"
 
-#include <unistd.h>
-
 #include <sstream>
 #include <thread>
 
 #include "contract/front_end.h"
+#include "contract/host_name.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::launcher {
@@ -15,15 +14,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kBeatEvery = std::chrono::milliseconds(250);
 constexpr auto kFailureCheckEvery = std::chrono::milliseconds(100);
+constexpr auto kSilenceCheckEvery = std::chrono::milliseconds(500);
 constexpr auto kRound = std::chrono::milliseconds(50);
 // How long node 0 keeps its store for nodes that have not read every report yet.
 constexpr auto kReadLimit = std::chrono::seconds(5);
-
-std::string this_host() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
 
 std::string seconds(std::chrono::milliseconds ms) {
   std::ostringstream out;
@@ -41,8 +35,8 @@ std::vector<std::string> lines(const std::string& text) {
 }  // namespace
 
 NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
-    : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(this_host()) {
-  const std::string endpoint = plan_.host + ":" + std::to_string(plan_.port);
+    : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(contract::host_name()) {
+  const std::string endpoint = this->endpoint();
   const std::string launch =
       plan_.id + " " + std::to_string(plan_.nnodes) + " " + std::to_string(gpus_per_node);
   if (plan_.node_rank == 0) {
@@ -115,6 +109,8 @@ NodeLink::~NodeLink() {
   }
 }
 
+std::string NodeLink::endpoint() const { return plan_.host + ":" + std::to_string(plan_.port); }
+
 std::string NodeLink::key(int node, const char* what) const {
   return "sgpu/node/" + std::to_string(node) + "/" + what;
 }
@@ -149,9 +145,9 @@ void NodeLink::agree(const std::string& failure) {
   std::string list;
   for (int node : missing) list += (list.empty() ? "" : ", ") + std::to_string(node);
   throw Error("node(s) " + list + " of " + std::to_string(plan_.nnodes) +
-              " did not join the launch at " + plan_.host + ":" + std::to_string(plan_.port) +
-              " within " + seconds(join_timeout_) + ": start sgpu on every node with the same " +
-              contract::spell("rdzv_endpoint") + ", or raise " + contract::spell("rdzv_timeout"));
+              " did not join the launch at " + endpoint() + " within " + seconds(join_timeout_) +
+              ": start sgpu on every node with the same " + contract::spell("rdzv_endpoint") +
+              ", or raise " + contract::spell("rdzv_timeout"));
 }
 
 void NodeLink::beat() {
@@ -186,7 +182,7 @@ std::optional<std::string> NodeLink::poll() {
       }
     }
     if (now >= next_check_) {
-      next_check_ = now + std::chrono::milliseconds(500);
+      next_check_ = now + kSilenceCheckEvery;
       for (int node = 0; node < plan_.nnodes; ++node) {
         if (silent(node) && !store_->get(key(node, "done"))) {
           return "node " + std::to_string(node) + " has not been heard from for " +
@@ -197,7 +193,7 @@ std::optional<std::string> NodeLink::poll() {
     }
   } catch (const std::exception&) {
     broken_ = true;
-    return "node 0's store at " + plan_.host + ":" + std::to_string(plan_.port) +
+    return "node 0's store at " + endpoint() +
            " stopped answering: node 0's sgpu is gone (killed, or its host went down)";
   }
   return std::nullopt;
@@ -226,7 +222,7 @@ std::vector<serialize::NodeReport> NodeLink::exchange(const serialize::NodeRepor
       while (true) {
         if (Clock::now() >= next_beat_) beat();
         const bool check_silence = Clock::now() >= next_silence_check;
-        if (check_silence) next_silence_check = Clock::now() + std::chrono::milliseconds(500);
+        if (check_silence) next_silence_check = Clock::now() + kSilenceCheckEvery;
         bool all = true;
         for (int node = 0; node < plan_.nnodes; ++node) {
           const auto i = static_cast<std::size_t>(node);

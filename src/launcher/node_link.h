@@ -64,6 +64,7 @@ class NodeLink {
                                               const std::function<bool()>& stop);
 
  private:
+  std::string endpoint() const;  // node 0's store, "host:port"
   std::string key(int node, const char* what) const;
   bool silent(int node);  // its beat has stood still past kSilentLimit
   void beat();

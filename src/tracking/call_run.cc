@@ -1,10 +1,9 @@
 #include "tracking/call_run.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <iostream>
 
+#include "contract/host_name.h"
 #include "contract/rank_env.h"
 #include "sgpu/config.h"
 #include "sgpu/errors.h"
@@ -16,12 +15,7 @@ namespace sgpu::tracking {
 namespace {
 
 using contract::env_string;
-
-std::string host_name() {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
+using contract::host_name;
 
 std::string program_path() {
   std::error_code ec;
