@@ -139,7 +139,13 @@ Said from_mpi(const EnvLookup& env, bool open_mpi) {
   }
   said.port = port_var(env, "MASTER_PORT");
   if (open_mpi && has(env, "OMPI_MCA_ess_base_jobid")) {
-    said.id = "ompi-" + *env("OMPI_MCA_ess_base_jobid");
+    const std::string job = *env("OMPI_MCA_ess_base_jobid");
+    said.id = "ompi-" + job;
+    // mpirun's daemon's port is its own; jobs side by side mostly get ports of their own.
+    if (!said.port) {
+      const auto n = number(job, std::numeric_limits<long long>::max() / 2).value_or(0);
+      said.port = static_cast<std::uint16_t>(kDefaultRdzvPort + n % 4000);
+    }
   } else if (open_mpi && has(env, "OMPI_MCA_orte_hnp_uri")) {
     const std::string uri = *env("OMPI_MCA_orte_hnp_uri");
     said.id = "ompi-" + uri.substr(0, uri.find(';'));
@@ -149,11 +155,15 @@ Said from_mpi(const EnvLookup& env, bool open_mpi) {
   return said;
 }
 
-// The engine this process runs under, if any, by its own variables.
+// The engine this process runs under, if any, by its own variables: the one that started
+// it first. mpirun inside a Slurm allocation starts its daemons on the other nodes with
+// srun, so its processes there also carry that one-node step's SLURM_STEP_*; Open MPI's
+// variables describe the launch. (srun's own PMI variables agree with its step, which
+// also names node 0's host.)
 std::optional<Said> detect(const EnvLookup& env) {
   if (has(env, "PET_NNODES")) return from_torchrun(env);
-  if (has(env, "SLURM_STEP_NODELIST")) return from_slurm(env);
   if (has(env, "OMPI_COMM_WORLD_SIZE")) return from_mpi(env, true);
+  if (has(env, "SLURM_STEP_NODELIST")) return from_slurm(env);
   if (has(env, "PMI_SIZE") && has(env, "PMI_RANK")) return from_mpi(env, false);
   return std::nullopt;
 }

@@ -9,7 +9,9 @@
 //                         (SLURMD_NODENAME; else SLURM_NODEID), node 0 the list's first
 //                         host, the port MASTER_PORT or derived from the job and step ids
 //   Open MPI              OMPI_COMM_WORLD_SIZE / _RANK (one process per node), node 0 at
-//                         MASTER_ADDR, else the address of mpirun's own daemon
+//                         MASTER_ADDR, else the address of mpirun's own daemon, the port
+//                         MASTER_PORT or derived from the job id; ahead of Slurm's
+//                         variables, which mpirun's daemons carry under Slurm
 //   PMI (MPICH, Intel)    PMI_SIZE / PMI_RANK, node 0 at MASTER_ADDR
 // An explicit node count or rank that contradicts the engine is a ConfigError; an explicit
 // endpoint or id is used as given. Node 0 hosts the launch's store on HOST's address

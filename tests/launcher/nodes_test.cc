@@ -174,6 +174,29 @@ TEST(PlanNodes, OpenMpiAndPmi) {
   EXPECT_NE(nowhere.find("node 0's address"), std::string::npos) << nowhere;
 }
 
+// What a process on node 1 of `salloc -N2 mpirun -npernode 1` carries: mpirun started its
+// daemon there with a one-node srun step.
+TEST(PlanNodes, MpirunInsideASlurmAllocationIsPlacedByOpenMpi) {
+  const auto env = env_of({{"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"OMPI_COMM_WORLD_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                           {"OMPI_MCA_ess_base_jobid", "2833776641"},
+                           {"OMPI_MCA_orte_hnp_uri", "2833776640.0;tcp://10.213.0.1:42141"},
+                           {"SLURM_STEP_NODELIST", "h1"},
+                           {"SLURM_STEP_NUM_NODES", "1"},
+                           {"SLURM_STEP_NUM_TASKS", "1"},
+                           {"SLURM_NODEID", "0"},
+                           {"SLURM_JOB_ID", "1"}});
+  const NodePlan plan = plan_nodes(Options{}, env);
+  EXPECT_EQ(plan.engine, "Open MPI");
+  EXPECT_EQ(plan.nnodes, 2);
+  EXPECT_EQ(plan.node_rank, 1);
+  EXPECT_EQ(plan.host, "10.213.0.1");
+  EXPECT_EQ(plan.id, "ompi-2833776641");
+  // Not the daemon's port: one of its own, the same on every node of the job.
+  EXPECT_EQ(plan.port, kDefaultRdzvPort + 2833776641LL % 4000);
+}
+
 TEST(PlanNodes, AFlagThatContradictsTheEngineIsAConfigError) {
   Options options;
   options.node_rank = 0;
