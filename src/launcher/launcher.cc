@@ -264,13 +264,12 @@ class CallImpl final : public detail::Call {
   const std::string& tracking_link() const override { return tracking_link_; }
 
   [[noreturn]] void raise_bad_result(int rank, const std::string& why) override {
-    std::vector<RankFailure> rows;
-    for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
-    RankFailure& row = rows.at(static_cast<std::size_t>(rank));
+    std::vector<RankFailure> rows = all_rows();
+    RankFailure& row = rows.at(static_cast<std::size_t>(rank));  // every rank, in rank order
     row.kind = RankFailure::Kind::kBadResult;
     row.message = "cannot decode its result as the function's return type: " + why;
     row.root_cause = true;
-    throw DistributedError(format_failure(headline(1), rows, run_dir_), rows, run_dir_);
+    throw DistributedError(failure_text(headline(1), rows), rows, run_dir_);
   }
 
   void results_taken() override {
@@ -737,23 +736,55 @@ class CallImpl final : public detail::Call {
 
   // Once this node's ranks are gone: its report to the others and theirs to it (waiting,
   // after a success here, for the nodes still running). A success here is the launch's
-  // failure when another node failed or went away.
+  // failure when another node failed or went away. A distributed function's results
+  // travel with the reports: every node's call returns every rank's, in global rank order.
   void exchange_reports(Outcome& outcome, std::string& cancel_reason) {
     serialize::NodeReport mine;
     mine.node_rank = nodes_.node_rank;
     mine.host = node_host_;
     mine.run_dir = run_dir_;
     for (const RankSlot& slot : slots_) mine.rows.push_back(row_for(slot));
+    const bool returns = kind_ != CallKind::kProgram && outcome == Outcome::kSucceeded;
+    std::vector<std::string> mine_results;
+    std::optional<std::string> published;
+    if (returns) {
+      try {
+        for (const RankSlot& slot : slots_) {
+          mine_results.push_back(serialize::read_record_file(
+              slot.folder.result(), serialize::RecordKind::kResult, options_.max_payload_bytes));
+        }
+        published = serialize::to_bytes(mine_results);
+      } catch (const serialize::RecordError&) {
+        mine_results.clear();  // finish() says which rank's result is bad
+      }
+    }
     const auto stop = [this] {
       pollfd fd{cancel_fd_.get(), POLLIN, 0};
       return InterruptScope::pending_signal() != 0 || ::poll(&fd, 1, 0) > 0;
     };
-    const std::vector<serialize::NodeReport> reports = link_->exchange(mine, stop);
+    const std::vector<NodeLink::Told> told = link_->exchange(mine, published, stop);
     std::vector<bool> reported(static_cast<std::size_t>(nodes_.nnodes), false);
-    for (const serialize::NodeReport& report : reports) {
+    std::vector<std::vector<std::string>> results(static_cast<std::size_t>(nodes_.nnodes));
+    results[static_cast<std::size_t>(nodes_.node_rank)] = std::move(mine_results);
+    std::string missing_results;
+    for (const auto& [report, node_results] : told) {
       if (report.node_rank < 0 || report.node_rank >= nodes_.nnodes) continue;
       reported[static_cast<std::size_t>(report.node_rank)] = true;
       if (report.node_rank == nodes_.node_rank) continue;
+      if (returns) {
+        try {
+          if (node_results) {
+            results[static_cast<std::size_t>(report.node_rank)] =
+                serialize::from_bytes<std::vector<std::string>>(*node_results);
+          }
+        } catch (const std::exception&) {  // cereal's: bytes that hold no results
+        }
+        if (results[static_cast<std::size_t>(report.node_rank)].size() !=
+                static_cast<std::size_t>(options_.gpus) &&
+            missing_results.empty()) {
+          missing_results = "node " + std::to_string(report.node_rank) + " (" + report.host + ")";
+        }
+      }
       peer_logs_.push_back("logs of node " + std::to_string(report.node_rank) + " (" + report.host +
                            "): " + report.run_dir.string());
       for (const RankFailure& row : report.rows) {
@@ -771,6 +802,19 @@ class CallImpl final : public detail::Call {
       if (outcome == Outcome::kSucceeded) {
         outcome = Outcome::kPeerFailed;
         cancel_reason = "node " + std::to_string(node) + " sent no report: its sgpu is gone";
+      }
+    }
+    if (returns && outcome == Outcome::kSucceeded && !missing_results.empty()) {
+      outcome = Outcome::kPeerFailed;
+      cancel_reason = missing_results +
+                      "'s ranks finished, but their results did not reach this node; its "
+                      "logs say more";
+    }
+    if (returns && outcome == Outcome::kSucceeded &&
+        results[static_cast<std::size_t>(nodes_.node_rank)].size() == slots_.size()) {
+      gathered_.emplace();
+      for (auto& node_results : results) {
+        for (std::string& result : node_results) gathered_->push_back(std::move(result));
       }
     }
     link_.reset();  // node 0: the store stays until every node has read the reports
@@ -821,6 +865,18 @@ class CallImpl final : public detail::Call {
       text += "\nevery live rank's stacks: " + collectives_.stacks.string();
     }
     return text;
+  }
+
+  // Every rank's row, this node's and the other nodes' (from their reports), in rank order.
+  std::vector<RankFailure> all_rows() const {
+    std::vector<RankFailure> rows;
+    for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
+    if (!peer_rows_.empty()) {
+      rows.insert(rows.end(), peer_rows_.begin(), peer_rows_.end());
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    }
+    return rows;
   }
 
   RankFailure row_for(const RankSlot& slot) const {
@@ -879,13 +935,7 @@ class CallImpl final : public detail::Call {
   void finish(Outcome outcome, const std::string& start_error, const std::string& cancel_reason) {
     std::vector<std::string> results;
     std::exception_ptr error;
-    std::vector<RankFailure> rows;
-    for (const RankSlot& slot : slots_) rows.push_back(row_for(slot));
-    if (!peer_rows_.empty()) {
-      rows.insert(rows.end(), peer_rows_.begin(), peer_rows_.end());
-      std::sort(rows.begin(), rows.end(),
-                [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    }
+    std::vector<RankFailure> rows = all_rows();
     // A fault that ends its rank, planned but never acted, cannot end in success.
     const std::vector<std::string> unacted =
         outcome == Outcome::kSucceeded
@@ -903,6 +953,8 @@ class CallImpl final : public detail::Call {
           rows, run_dir_));
     } else if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
       results.assign(slots_.size(), std::string());
+    } else if (outcome == Outcome::kSucceeded && gathered_) {
+      results = std::move(*gathered_);  // every node's, from exchange_reports()
     } else if (outcome == Outcome::kSucceeded) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
         try {
@@ -910,9 +962,13 @@ class CallImpl final : public detail::Call {
                                                         serialize::RecordKind::kResult,
                                                         options_.max_payload_bytes));
         } catch (const serialize::RecordError& e) {
-          rows[i].kind = RankFailure::Kind::kBadResult;
-          rows[i].message = e.what();
-          rows[i].root_cause = true;
+          // Over several nodes the rows are every node's, in global rank order.
+          RankFailure& row = *std::find_if(rows.begin(), rows.end(), [&](const RankFailure& r) {
+            return r.rank == slots_[i].rank;
+          });
+          row.kind = RankFailure::Kind::kBadResult;
+          row.message = e.what();
+          row.root_cause = true;
           error = std::make_exception_ptr(
               DistributedError(failure_text(headline(1), rows), rows, run_dir_));
         }
@@ -1022,6 +1078,7 @@ class CallImpl final : public detail::Call {
   const std::string node_host_;         // this node's host name, several nodes
   std::vector<RankFailure> peer_rows_;  // the other nodes' ranks, from their reports
   std::vector<std::string> peer_logs_;  // where the other nodes keep their logs
+  std::optional<std::vector<std::string>> gathered_;  // several nodes: every rank's result
   std::vector<RankSlot> slots_;
   Phase phase_ = Phase::kRunning;  // NOTE [The monitor's phases]
   Clock::time_point phase_until_ = Clock::time_point::max();
@@ -1082,6 +1139,7 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
   run_request.tracking_uri = options.tracking_uri;
   run_request.experiment = options.experiment;
   run_request.gpus = options.gpus;
+  run_request.nnodes = std::max(options.nnodes, 1);
   run_request.timeout = options.timeout;
   run_request.backend = std::string(chosen.name());
   run_request.gpu_type = selection.gpu_type;
@@ -1145,13 +1203,6 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& given,
   options.nnodes = nodes.nnodes;
   options.node_rank = nodes.node_rank;
   launcher::check_options(options, runs_a_program);
-  if (nodes.several() && kind != CallKind::kProgram) {
-    throw ConfigError("this launch would span " + std::to_string(nodes.nnodes) + " nodes (" +
-                      nodes.describe() +
-                      "), and so far only sgpu run's programs span nodes: a distributed "
-                      "function runs on one node; set " +
-                      contract::spell("nnodes", "1") + ", or start it outside " + nodes.engine);
-  }
   // Over several nodes every node reaches node 0's store before anything else, so that
   // a node that cannot serve the launch stops all of them before any rank starts.
   std::unique_ptr<NodeLink> link;

@@ -209,12 +209,14 @@ void NodeLink::post_failure(const std::string& what) {
   }
 }
 
-std::vector<serialize::NodeReport> NodeLink::exchange(const serialize::NodeReport& mine,
-                                                      const std::function<bool()>& stop) {
-  std::vector<std::optional<serialize::NodeReport>> reports(static_cast<std::size_t>(plan_.nnodes));
-  reports[static_cast<std::size_t>(plan_.node_rank)] = mine;
+std::vector<NodeLink::Told> NodeLink::exchange(const serialize::NodeReport& mine,
+                                               const std::optional<std::string>& results,
+                                               const std::function<bool()>& stop) {
+  std::vector<std::optional<Told>> reports(static_cast<std::size_t>(plan_.nnodes));
+  reports[static_cast<std::size_t>(plan_.node_rank)] = Told{mine, results};
   if (!broken_) {
     try {
+      if (results) store_->set(key(plan_.node_rank, "results"), *results);
       store_->set(key(plan_.node_rank, "done"), serialize::node_report_json(mine));
       std::vector<bool> settled(reports.size(), false);
       settled[static_cast<std::size_t>(plan_.node_rank)] = true;
@@ -229,7 +231,8 @@ std::vector<serialize::NodeReport> NodeLink::exchange(const serialize::NodeRepor
           if (settled[i]) continue;
           if (const auto done = store_->get(key(node, "done"))) {
             try {
-              reports[i] = serialize::parse_node_report(*done);
+              reports[i] =
+                  Told{serialize::parse_node_report(*done), store_->get(key(node, "results"))};
             } catch (const std::invalid_argument&) {
             }
             settled[i] = true;
@@ -247,7 +250,7 @@ std::vector<serialize::NodeReport> NodeLink::exchange(const serialize::NodeRepor
       broken_ = true;
     }
   }
-  std::vector<serialize::NodeReport> out;
+  std::vector<Told> out;
   for (auto& report : reports) {
     if (report) out.push_back(std::move(*report));
   }

@@ -10,6 +10,9 @@
 //                        one that stands still for kSilentLimit means node K is gone
 //   sgpu/failure         set once, by the first node to fail: "<K>\n<what>"; every node
 //                        polls it every 100 ms and tears its ranks down when it appears
+//   sgpu/node/K/results  a distributed function's: node K's ranks' results, in rank order
+//                        (cereal's vector of byte strings), set before its report when they
+//                        all succeeded
 //   sgpu/node/K/done     node K's report (serialize/node_report.h) once its ranks are gone
 //   sgpu/node/K/read     node K has every report; node 0 keeps the store until all have
 #pragma once
@@ -57,11 +60,19 @@ class NodeLink {
   // told. Says nothing when another node was first.
   void post_failure(const std::string& what);
 
-  // This node's report, then every node's in node order, waiting while the others still
-  // beat; a node that goes silent is left out. `stop` is asked between rounds: true ends
-  // the wait (an interrupt) with what was gathered.
-  std::vector<serialize::NodeReport> exchange(const serialize::NodeReport& mine,
-                                              const std::function<bool()>& stop);
+  // What a node told the others once its ranks were gone.
+  struct Told {
+    serialize::NodeReport report;
+    std::optional<std::string> results;  // its ranks' results, when it published them
+  };
+
+  // This node's report (and its ranks' results, when given), then every node's in node
+  // order, waiting while the others still beat; a node that goes silent is left out.
+  // `stop` is asked between rounds: true ends the wait (an interrupt) with what was
+  // gathered.
+  std::vector<Told> exchange(const serialize::NodeReport& mine,
+                             const std::optional<std::string>& results,
+                             const std::function<bool()>& stop);
 
  private:
   std::string endpoint() const;  // node 0's store, "host:port"

@@ -1,5 +1,6 @@
 #include "tracking/call_run.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -99,11 +100,12 @@ std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
       {"gpus", std::to_string(request.gpus)},
       {"gpu_type", request.gpu_type},
       {"backend", request.backend},
-      {"world_size", std::to_string(request.gpus)},
+      {"world_size", std::to_string(request.gpus * std::max(request.nnodes, 1))},
       {"timeout", timeout_text(request.timeout)},
       {request.program ? "command" : "function",
        truncate_value(request.function_name, kMaxParamValueLength)},
   };
+  if (request.nnodes > 1) params.params.push_back({"nnodes", std::to_string(request.nnodes)});
   std::optional<OpenedRun> opened =
       open_run(request.tracking_uri, request.experiment,
                !request.run_name.empty()       ? request.run_name

@@ -33,7 +33,8 @@ struct CallRunRequest {
   std::string tracking_uri;  // Options::tracking_uri; empty: tracking_uri_from_environment()
   std::string experiment;    // Options::experiment; empty: from the environment
   std::string run_name;      // Options::name; empty: the function's name
-  int gpus = 1;
+  int gpus = 1;              // per node
+  int nnodes = 1;            // the launch's nodes; over several, the run gets a "nnodes" param
   std::optional<std::chrono::milliseconds> timeout;  // none: no timeout
   std::string function_name;
   std::string backend;

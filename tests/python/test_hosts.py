@@ -27,6 +27,7 @@ from conftest import processes_with_marker, wait_until
 SGPU = os.environ.get("SGPU_CLI", "")
 pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
 DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
+NODES_CALLER = os.path.join(os.path.dirname(SGPU), "sgpu_nodes_caller")  # tests/workers/
 
 # Every rank sleeps, out of any collective (nothing but sgpu can end it), but CRASH_RANK,
 # which exits 7 two seconds in.
@@ -390,6 +391,47 @@ def test_under_srun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
     assert "node 1 has not been heard from" in by_task(err).get(0, ""), err
     assert ended - killed < 15, f"{ended - killed:.2f} s"
     assert wait_until(lambda: processes_with_marker(f"SGPU_TEST_MARKER={marker}") == [], limit=10)
+
+
+def test_under_srun_the_decorators_return_every_ranks_result_on_every_node(tmp_path, slurm):
+    cluster = slurm(2)
+    env = {"SGPU_TRACKING": "off", "SGPU_RUNS_DIR": str(tmp_path / "runs")}
+    code, out, err = finish(cluster.popen(srun(2, NODES_CALLER, "2"), env=env))
+    assert code == 0, (out, err)
+    expected = [f"result {r}: rank {r} of 4 on node {r // 2}, sum of ranks 6" for r in range(4)]
+    for node, lines in by_task(out).items():
+        assert [line for line in lines.splitlines() if line.startswith("result")] == expected, out
+
+    caller = script(tmp_path, """
+        import sgpu, torch, torch.distributed as dist
+
+        @sgpu.distributed(gpus=2)
+        def place():
+            dist.init_process_group("sgpu")
+            total = torch.tensor([float(sgpu.get_global_rank())])
+            dist.all_reduce(total)
+            return sgpu.get_global_rank(), sgpu.get_node_rank(), total.item()
+
+        print("results", place.distributed())
+        """)
+    code, out, err = finish(cluster.popen(srun(2, *caller), env=env))
+    assert code == 0, (out, err)
+    tasks = by_task(out)
+    for node in (0, 1):
+        assert f"results {[(r, r // 2, 6.0) for r in range(4)]!r}" in tasks[node], out
+
+
+def test_under_srun_a_crash_in_a_distributed_function_ends_every_node_with_it(tmp_path, slurm):
+    cluster = slurm(3)
+    marker = f"{os.getpid()}-srun-caller"
+    child = cluster.popen(srun(3, NODES_CALLER, "2"), env=sgpu_env(tmp_path, marker, CRASH_RANK="3"))
+    code, out, err = finish(child)
+    assert code == 1, (out, err)  # the callers' own status for a DistributedError
+    tasks = by_task(err)
+    assert "root cause: rank 3 (node 1 h1" in tasks[0], err
+    assert "crashed on purpose" in tasks[0] and "crashed on purpose" in tasks[2], err
+    assert "node 0 (h0) shows every rank of the launch" in tasks[2], err
+    assert left(marker) == []
 
 
 # --- Under Open MPI's mpirun, in a Slurm allocation (mpirun starts its daemons with srun) ---

@@ -3,7 +3,8 @@
 a scheduler would start them. The ranks take torchrun's global places and train together;
 one failure, on any node, ends every rank on every node with that root cause; a node whose
 sgpu is killed ends the others; a node that cannot serve the launch stops it before any
-rank starts."""
+rank starts. The C++ and Python decorators, in a program started once per node, return
+every rank's result on every node, as one MLflow run."""
 
 import os
 import re
@@ -21,6 +22,8 @@ from conftest import processes_with_marker, wait_until
 SGPU = os.environ.get("SGPU_CLI", "")
 pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
 DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
+# tests/workers/nodes_caller.cc, built beside the sgpu command.
+NODES_CALLER = os.path.join(os.path.dirname(SGPU), "sgpu_nodes_caller")
 
 
 def free_port() -> int:
@@ -206,3 +209,83 @@ def test_node_zero_listens_only_on_the_endpoints_address(tmp_path):
     assert listening() == [f"{hex_address}:{port:04X}"], (listening(), address)
     child.kill()
     child.communicate()
+
+
+# --- Distributed functions over several nodes -------------------------------------------
+
+
+def per_node(program, nnodes, env=None):
+    """`program` started once per node, placed by torchrun's PET_* variables (as Kubeflow's
+    trainer starts it); each node's (exit code, stdout, stderr)."""
+    port = free_port()
+    children = []
+    for node in range(nnodes):
+        node_env = dict(os.environ, PET_NNODES=str(nnodes), PET_NODE_RANK=str(node),
+                        PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port), **(env or {}))
+        children.append(subprocess.Popen(program, env=node_env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True))
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=180)
+        results.append((child.returncode, out, err))
+    return results
+
+
+def expected_results(nnodes, gpus):
+    world = nnodes * gpus
+    return [f"result {r}: rank {r} of {world} on node {r // gpus}, sum of ranks {sum(range(world))}"
+            for r in range(world)]
+
+
+def test_a_cpp_distributed_function_on_two_nodes_returns_every_ranks_result_on_each(tmp_path):
+    results = per_node([NODES_CALLER, "2"], 2, env={"SGPU_TRACKING": "off"})
+    assert [code for code, _, _ in results] == [0, 0], results
+    for _, out, _ in results:  # the ranks all-reduced across the nodes; results in rank order
+        assert [line for line in out.splitlines() if line.startswith("result")] == \
+            expected_results(2, 2), results
+
+
+def test_a_crash_in_a_distributed_function_on_node_1_ends_every_node_with_it(tmp_path):
+    marker = f"{os.getpid()}-caller-crash"
+    started = time.time()
+    results = per_node([NODES_CALLER, "2"], 2,
+                       env={"SGPU_TRACKING": "off", "CRASH_RANK": "3", "SGPU_TEST_MARKER": marker})
+    # The others sleep two minutes out of any collective: sgpu ended them.
+    assert time.time() - started < 60, results
+    assert [code for code, _, _ in results] == [1, 1], results
+    table = results[0][2]
+    assert "root cause: rank 3 (node 1" in table and "crashed on purpose" in table, table
+    assert re.search(r"^  3 +1 +\d+ +threw std::runtime_error: rank 3 crashed on purpose  <- root cause$",
+                     table, re.M), table
+    assert "node 0 (127.0.0.1) shows every rank of the launch" in results[1][2], results[1][2]
+    assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
+
+
+PYTHON_CALLER = """
+    import sgpu, torch, torch.distributed as dist
+
+    @sgpu.distributed(gpus=2)
+    def place(offset):
+        dist.init_process_group("sgpu")
+        total = torch.tensor([float(sgpu.get_global_rank())])
+        dist.all_reduce(total)
+        sgpu.log_metric("total", total.item())
+        return sgpu.get_global_rank(), sgpu.get_node_rank(), total.item() + offset
+
+    print("results", place.distributed(10))
+    """
+
+
+def test_the_python_decorator_on_two_nodes_returns_every_ranks_result_as_one_run(tmp_path):
+    results = per_node(script(tmp_path, PYTHON_CALLER), 2)
+    assert [code for code, _, _ in results] == [0, 0], results
+    expected = "results " + repr([(r, r // 2, 16.0) for r in range(4)])
+    for _, out, _ in results:
+        assert expected in out.splitlines(), results
+    import mlflow
+
+    # One run for the launch, node 0's (both nodes share this tracking store here).
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert len(runs) == 1, [run.info.run_name for run in runs]
+    assert runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["world_size"] == "4", runs[0].data.params
