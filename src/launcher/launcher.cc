@@ -16,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -694,6 +695,9 @@ class CallImpl final : public detail::Call {
       if (slot.out) slot.out->close();
       if (slot.err) slot.err->close();
     }
+    // A node that joined node 0's run sends its ranks' spools there before node 0, which
+    // waits for every node's report, can end it.
+    if (tracking_ && tracking_->joined()) end_tracking(outcome);
     if (link_) exchange_reports(outcome, cancel_reason);
     store_.reset();  // its port is closed before anyone sees the call end
     end_tracking(outcome);
@@ -1134,7 +1138,7 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
   record.max_payload_bytes = options.max_payload_bytes;
   // 4. tracking: the call's run exists before any rank starts.
   tracking::CallRunRequest run_request;
-  // One run per launch: node 0's (the other nodes' ranks log nothing so far).
+  // One run per launch: node 0's (the others join it below).
   run_request.tracking = options.tracking && options.node_rank <= 0;
   run_request.tracking_uri = options.tracking_uri;
   run_request.experiment = options.experiment;
@@ -1164,7 +1168,27 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
     }
   }
   run_request.sim_node = inventory.sim_spec;
-  std::unique_ptr<tracking::CallRun> tracking = tracking::CallRun::begin(run_request);
+  std::unique_ptr<tracking::CallRun> tracking;
+  try {
+    tracking = tracking::CallRun::begin(run_request);
+  } catch (const std::exception& e) {
+    if (link) link->post_failure("node 0 cannot track the launch: " + std::string(e.what()));
+    throw;
+  }
+  // Over several nodes the launch is node 0's run; the other nodes' ranks log into it.
+  if (link && options.node_rank == 0) {
+    const auto shared = tracking ? tracking->shared() : tracking::CallRun::Shared{};
+    link->share_run(shared.run_id.empty()
+                        ? ""
+                        : shared.uri + "\n" + shared.experiment_id + "\n" + shared.run_id);
+  } else if (link) {
+    std::istringstream run(link->node0_run());
+    tracking::CallRun::Shared shared;
+    std::getline(run, shared.uri);
+    std::getline(run, shared.experiment_id);
+    std::getline(run, shared.run_id);
+    tracking = tracking::CallRun::join(options.tracking, shared);
+  }
   try {
     const std::filesystem::path run_dir = launcher::make_run_dir(options);
     if (tracking) tracking->hold_in_flight(run_dir);  // ended KILLED should this process die

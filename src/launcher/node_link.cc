@@ -1,5 +1,7 @@
 #include "launcher/node_link.h"
 
+#include <algorithm>
+#include <atomic>
 #include <sstream>
 #include <thread>
 
@@ -32,13 +34,36 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
+// This process's launches over several nodes so far: a program that calls a distributed
+// function twice makes the same calls on every node, so the counts agree.
+std::atomic<long long> launches{0};
+
+// A launch's words as sgpu/launch holds them: id, nodes, GPUs per node, sequence.
+struct Launch {
+  std::string id, nodes, gpus;
+  long long sequence = 0;
+  static Launch parse(const std::string& text) {
+    Launch launch;
+    std::istringstream in(text);
+    in >> launch.id >> launch.nodes >> launch.gpus >> launch.sequence;
+    return launch;
+  }
+  bool same_but_sequence(const Launch& other) const {
+    return id == other.id && nodes == other.nodes && gpus == other.gpus;
+  }
+  std::string describe() const {
+    return "launch \"" + id + "\" of " + nodes + " nodes with " + gpus + " GPUs each";
+  }
+};
+
 }  // namespace
 
 NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
     : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(contract::host_name()) {
   const std::string endpoint = this->endpoint();
-  const std::string launch =
-      plan_.id + " " + std::to_string(plan_.nnodes) + " " + std::to_string(gpus_per_node);
+  const long long sequence = ++launches;
+  const std::string launch = plan_.id + " " + std::to_string(plan_.nnodes) + " " +
+                             std::to_string(gpus_per_node) + " " + std::to_string(sequence);
   if (plan_.node_rank == 0) {
     try {
       host_ = std::make_unique<rendezvous::HostStore>(plan_.host, plan_.port);
@@ -51,17 +76,37 @@ NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds j
     store_->set("sgpu/launch", launch);
   } else {
     const auto deadline = Clock::now() + join_timeout_;
-    try {
-      store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
-    } catch (const std::runtime_error& e) {
-      throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
-                  endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
-                  "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
-                  ", check that this node can reach that address and port, or raise " +
-                  contract::spell("rdzv_timeout"));
-    }
+    const Launch wanted = Launch::parse(launch);
     std::optional<std::string> hosted;
-    while (!(hosted = store_->get("sgpu/launch")) && Clock::now() < deadline) {
+    // Node 0's store for this process's previous launch may still be up, for the nodes
+    // that have not read its reports yet: this node waits for the next one.
+    while (true) {
+      try {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port,
+                                                           std::max(left, kRound * 2));
+        while (!(hosted = store_->get("sgpu/launch")) && Clock::now() < deadline) {
+          std::this_thread::sleep_for(kRound);
+        }
+      } catch (const std::runtime_error& e) {
+        if (Clock::now() < deadline) {  // the previous launch's store went as this node looked
+          std::this_thread::sleep_for(kRound);
+          continue;
+        }
+        throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
+                    endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
+                    "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
+                    ", check that this node can reach that address and port, or raise " +
+                    contract::spell("rdzv_timeout"));
+      }
+      if (!hosted) break;
+      const Launch found = Launch::parse(*hosted);
+      if (!found.same_but_sequence(wanted) || found.sequence >= wanted.sequence ||
+          Clock::now() >= deadline) {
+        break;
+      }
+      store_.reset();
       std::this_thread::sleep_for(kRound);
     }
     if (!hosted) {
@@ -69,17 +114,19 @@ NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds j
                   contract::spell("rdzv_endpoint") + " another program's port?");
     }
     if (*hosted != launch) {
-      const auto words = [](const std::string& text) {
-        std::istringstream in(text);
-        std::string id, nodes, gpus;
-        in >> id >> nodes >> gpus;
-        return "launch \"" + id + "\" of " + nodes + " nodes with " + gpus + " GPUs each";
-      };
-      const std::string what = "node 0 at " + endpoint + " hosts " + words(*hosted) +
-                               ", and node " + std::to_string(plan_.node_rank) + " asks for " +
-                               words(launch) + ": give every node the same " +
-                               contract::spell("nnodes") + ", " + contract::spell("gpus") +
-                               " and " + contract::spell("rdzv_id");
+      const Launch found = Launch::parse(*hosted);
+      const std::string what =
+          found.same_but_sequence(wanted)
+              ? "node 0 at " + endpoint + " hosts its launch number " +
+                    std::to_string(found.sequence) + " of this program, and node " +
+                    std::to_string(plan_.node_rank) + " asks for its number " +
+                    std::to_string(wanted.sequence) +
+                    ": every node's program must launch the same distributed calls, in the "
+                    "same order"
+              : "node 0 at " + endpoint + " hosts " + found.describe() + ", and node " +
+                    std::to_string(plan_.node_rank) + " asks for " + wanted.describe() +
+                    ": give every node the same " + contract::spell("nnodes") + ", " +
+                    contract::spell("gpus") + " and " + contract::spell("rdzv_id");
       // The others stop at once too, rather than wait for this node to join.
       if (!store_->get(key(plan_.node_rank, "ready"))) agree(what);
       throw ConfigError(what);
@@ -148,6 +195,24 @@ void NodeLink::agree(const std::string& failure) {
               " did not join the launch at " + endpoint() + " within " + seconds(join_timeout_) +
               ": start sgpu on every node with the same " + contract::spell("rdzv_endpoint") +
               ", or raise " + contract::spell("rdzv_timeout"));
+}
+
+void NodeLink::share_run(const std::string& run) { store_->set("sgpu/run", run); }
+
+std::string NodeLink::node0_run() {
+  const auto deadline = Clock::now() + join_timeout_;
+  while (Clock::now() < deadline) {
+    if (Clock::now() >= next_beat_) beat();
+    if (auto run = store_->get("sgpu/run")) return *run;
+    if (auto failure = store_->get("sgpu/failure")) {
+      throw Error("the launch failed before its ranks started: " +
+                  failure->substr(failure->find('\n') + 1));
+    }
+    std::this_thread::sleep_for(kRound);
+  }
+  throw Error("node 0 at " + endpoint() + " did not start its ranks within " +
+              seconds(join_timeout_) + " of every node joining; raise " +
+              contract::spell("rdzv_timeout"));
 }
 
 void NodeLink::beat() {

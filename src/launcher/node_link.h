@@ -1,11 +1,17 @@
 // NOTE [The nodes' keys]
 // The sgpu of each node of a launch over several nodes (NOTE [Several nodes]) talks to the
 // others through node 0's store, the one the ranks meet at, under keys of its own:
-//   sgpu/launch          node 0: "<id> <nodes> <gpus per node>"; a node that asks for
-//                        another launch is refused
+//   sgpu/launch          node 0: "<id> <nodes> <gpus per node> <sequence>", the sequence
+//                        counting the process's launches over several nodes (a program
+//                        that calls a distributed function twice); a node that finds the
+//                        previous one's store still up waits for the next, and one that
+//                        asks for another launch is refused
 //   sgpu/node/K/claim    counted up by node K; a second claim is a second node K
 //   sgpu/node/K/ready    after node K's accelerator check: "ok\n<host>" or "error\n<host>\n<why>";
 //                        no node starts a rank before every node is ok
+//   sgpu/run             node 0, once its run exists, before its ranks start: the run the
+//                        other nodes' ranks log into, "<uri>\n<experiment id>\n<run id>";
+//                        "" when node 0 does not track the launch
 //   sgpu/node/K/beat     a count node K raises every 250 ms until it has read every report;
 //                        one that stands still for kSilentLimit means node K is gone
 //   sgpu/failure         set once, by the first node to fail: "<K>\n<what>"; every node
@@ -51,6 +57,12 @@ class NodeLink {
   // AcceleratorMismatchError naming the first node that cannot serve the launch, Error when a node
   // has not reported within the join timeout.
   void agree(const std::string& failure);
+
+  // Node 0: the launch's run, for the others (`run` as sgpu/run holds it).
+  void share_run(const std::string& run);
+  // The other nodes: node 0's run, waiting for it within the join timeout. Throws Error
+  // when node 0's store goes away first, or node 0 says nothing in that time.
+  std::string node0_run();
 
   // While this node's ranks run (call it at least every 100 ms): beats, and says what
   // ends the launch from elsewhere: another node's failure, or a node gone silent.

@@ -116,6 +116,28 @@ std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
   return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
 }
 
+CallRun::Shared CallRun::shared() const {
+  return {store_->uri(), info_.experiment_id, info_.run_id};
+}
+
+std::unique_ptr<CallRun> CallRun::join(bool tracking, const Shared& run) {
+  if (!tracking || !tracking_enabled_by_environment() || run.run_id.empty()) return nullptr;
+  try {
+    std::unique_ptr<Store> store = open_store(run.uri);
+    RunInfo info = store->get_run(run.run_id);
+    std::unique_ptr<CallRun> joined(new CallRun(std::move(store), std::move(info)));
+    joined->joined_ = true;
+    return joined;
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: tracking: this node cannot reach node 0's run " << run.run_id << " in "
+              << run.uri << " (" << e.what()
+              << "); what this node's ranks log is not recorded. Give every node a tracking "
+                 "URI they all reach: a tracking server, or a store on a shared filesystem"
+              << std::endl;
+    return nullptr;
+  }
+}
+
 std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() const {
   std::vector<std::pair<std::string, std::string>> environment = {
       {"MLFLOW_RUN_ID", info_.run_id},
@@ -129,6 +151,7 @@ std::vector<std::pair<std::string, std::string>> CallRun::rank_environment() con
 }
 
 void CallRun::hold_in_flight(const std::filesystem::path& run_dir) {
+  if (joined_) return;
   try {
     in_flight_ = std::make_unique<InFlightRecord>(run_dir, store_->uri(), info_.run_id);
   } catch (const TrackingError& e) {
@@ -144,6 +167,14 @@ bool CallRun::end(RunStatus status, const std::filesystem::path& run_dir,
   const std::int64_t end_time = now_ms();
   SpoolSend sent;
   if (!run_dir.empty()) sent = send_spools(*store_, run_dir);
+  if (joined_) {
+    if (!sent.complete) {
+      std::cerr << "sgpu: tracking: " << sent.error << "; what this node's ranks logged into run "
+                << info_.run_id << " and could not send is kept in " << run_dir.string()
+                << std::endl;
+    }
+    return sent.complete;
+  }
   std::string last_error = sent.error;
   bool ended = false;
   if (sent.complete) {

@@ -58,6 +58,19 @@ class CallRun {
   // never work.
   static std::unique_ptr<CallRun> begin(const CallRunRequest& request);
 
+  // A launch over several nodes is one run, node 0's: shared() is what node 0 tells the
+  // others, join() what they make of it. The joined run's ranks log into node 0's run (the
+  // store opened here, with this node's own credentials); its end() sends their spools
+  // and leaves the run for node 0 to end. join() returns nullptr when `tracking` is false
+  // or SGPU_TRACKING=off, and when this node cannot reach that run (said on stderr: a
+  // store on node 0's own disk, say).
+  struct Shared {
+    std::string uri, experiment_id, run_id;
+  };
+  Shared shared() const;
+  static std::unique_ptr<CallRun> join(bool tracking, const Shared& run);
+  bool joined() const { return joined_; }
+
   // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks, and sgpu's own
   // copies of the first two for the rank logger (kRankRunIdVar, kRankTrackingUriVar).
   std::vector<std::pair<std::string, std::string>> rank_environment() const;
@@ -70,7 +83,7 @@ class CallRun {
            bool folder_kept_for_tracking_only = false);
   // Records the run as in flight in `run_dir` until end() (NOTE [Pending runs]), so that a
   // later sync ends it KILLED if this process dies first. A record that cannot be written
-  // is said on stderr, and the call goes on.
+  // is said on stderr, and the call goes on. Nothing for a joined run (its creator's).
   void hold_in_flight(const std::filesystem::path& run_dir);
 
   const RunInfo& info() const { return info_; }
@@ -82,6 +95,7 @@ class CallRun {
   std::unique_ptr<Store> store_;
   RunInfo info_;
   std::unique_ptr<InFlightRecord> in_flight_;
+  bool joined_ = false;
 };
 
 struct OpenedRun {

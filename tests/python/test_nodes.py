@@ -4,7 +4,7 @@ a scheduler would start them. The ranks take torchrun's global places and train 
 one failure, on any node, ends every rank on every node with that root cause; a node whose
 sgpu is killed ends the others; a node that cannot serve the launch stops it before any
 rank starts. The C++ and Python decorators, in a program started once per node, return
-every rank's result on every node, as one MLflow run."""
+every rank's result on every node, as one MLflow run that every node's ranks log into."""
 
 import os
 import re
@@ -269,23 +269,30 @@ PYTHON_CALLER = """
         dist.init_process_group("sgpu")
         total = torch.tensor([float(sgpu.get_global_rank())])
         dist.all_reduce(total)
-        sgpu.log_metric("total", total.item())
+        sgpu.log_metric(f"total_on_rank_{sgpu.get_global_rank()}", total.item())
         return sgpu.get_global_rank(), sgpu.get_node_rank(), total.item() + offset
 
     print("results", place.distributed(10))
+    print("again", place.distributed(20))  # a second launch, on the same endpoint
     """
 
 
-def test_the_python_decorator_on_two_nodes_returns_every_ranks_result_as_one_run(tmp_path):
+def test_the_python_decorator_on_two_nodes_returns_every_ranks_result_in_one_run(tmp_path):
     results = per_node(script(tmp_path, PYTHON_CALLER), 2)
     assert [code for code, _, _ in results] == [0, 0], results
-    expected = "results " + repr([(r, r // 2, 16.0) for r in range(4)])
     for _, out, _ in results:
-        assert expected in out.splitlines(), results
+        lines = out.splitlines()
+        assert "results " + repr([(r, r // 2, 16.0) for r in range(4)]) in lines, results
+        assert "again " + repr([(r, r // 2, 26.0) for r in range(4)]) in lines, results
     import mlflow
 
-    # One run for the launch, node 0's (both nodes share this tracking store here).
+    # One run per launch, node 0's (both nodes share this tracking store here), which node
+    # 1's ranks logged into too.
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
-    assert len(runs) == 1, [run.info.run_name for run in runs]
-    assert runs[0].info.status == "FINISHED"
-    assert runs[0].data.params["world_size"] == "4", runs[0].data.params
+    assert len(runs) == 2, [run.info.run_name for run in runs]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.params["world_size"] == "4", run.data.params
+        assert run.data.params["nnodes"] == "2", run.data.params
+        logged = {key: value for key, value in run.data.metrics.items() if key.startswith("total_")}
+        assert logged == {f"total_on_rank_{r}": 6.0 for r in range(4)}, run.data.metrics
