@@ -24,6 +24,7 @@
 #include "backend/backend_table.h"
 #include "cli/model_command.h"
 #include "contract/front_end.h"
+#include "launcher/node_link.h"
 #include "launcher/nodes.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
@@ -147,6 +148,8 @@ int main(int argc, char** argv) {
   sgpu::init(argc, argv);
   // Advice in messages names this command's flags (NOTE [Front ends]).
   sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCommand);
+  // A node of a launch that loses node 0's store says so in its own words.
+  sgpu::launcher::quiet_store_warnings();
   CLI::App app{"sgpu: run one program or function on every GPU of a node, real or simulated"};
   app.require_subcommand(1);
   app.footer(

@@ -800,6 +800,7 @@ class CallImpl final : public detail::Call {
         }
       }
     }
+    node0_reported_ = reported[0];
     for (int node = 0; node < nodes_.nnodes; ++node) {
       if (reported[static_cast<std::size_t>(node)]) continue;
       peer_logs_.push_back("node " + std::to_string(node) + " sent no report: its sgpu is gone");
@@ -839,7 +840,9 @@ class CallImpl final : public detail::Call {
       if (row.node_rank == nodes_.node_rank || row.root_cause) here.push_back(row);
     }
     return format_failure(
-        headline + "\nnode 0 (" + nodes_.host + ") shows every rank of the launch", here, run_dir_);
+        headline + "\nnode 0 (" + nodes_.host + ")" +
+            (node0_reported_ ? " shows every rank of the launch" : " is gone; this node's ranks:"),
+        here, run_dir_);
   }
 
   // Step 4's other half: the run ends once every rank is gone, so it holds everything the
@@ -1083,6 +1086,7 @@ class CallImpl final : public detail::Call {
   std::vector<RankFailure> peer_rows_;  // the other nodes' ranks, from their reports
   std::vector<std::string> peer_logs_;  // where the other nodes keep their logs
   std::optional<std::vector<std::string>> gathered_;  // several nodes: every rank's result
+  bool node0_reported_ = true;  // false: node 0 sent no report, it shows nothing
   std::vector<RankSlot> slots_;
   Phase phase_ = Phase::kRunning;  // NOTE [The monitor's phases]
   Clock::time_point phase_until_ = Clock::time_point::max();

@@ -36,6 +36,10 @@
 
 namespace sgpu::launcher {
 
+// For a process that reports a lost node itself (the sgpu command): c10's own warnings
+// off, unless TORCH_CPP_LOG_LEVEL asks for them (rendezvous::quiet_c10_warnings()).
+inline void quiet_store_warnings() { rendezvous::quiet_c10_warnings(); }
+
 // How long a node's beat may stand still before the others take it for gone.
 inline constexpr std::chrono::seconds kSilentLimit{3};
 

@@ -1,12 +1,15 @@
 #include "rendezvous/store.h"
 
 #include <arpa/inet.h>
+#include <c10/util/Logging.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -180,6 +183,11 @@ std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
 std::string StoreClient::set_if_absent(const std::string& key, const std::string& value) {
   return guarded(impl_->endpoint,
                  [&] { return text(impl_->store->compareSet(key, {}, bytes(value))); });
+}
+
+void quiet_c10_warnings() {
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") != nullptr) return;
+  FLAGS_caffe2_log_level = std::max<int>(FLAGS_caffe2_log_level, 2);  // c10's ERROR
 }
 
 }  // namespace sgpu::rendezvous

@@ -13,6 +13,11 @@
 
 namespace sgpu::rendezvous {
 
+// c10's warnings off in this process, its errors kept, unless TORCH_CPP_LOG_LEVEL says
+// otherwise: for a process that reports a lost store itself (c10d's own warning for it
+// comes with C++ frames).
+void quiet_c10_warnings();
+
 class HostStore {
  public:
   // Starts listening on `host` (an address, or a name that resolves to one of this node's

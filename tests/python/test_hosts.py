@@ -485,3 +485,23 @@ def test_under_mpirun_a_crash_on_node_1_ends_every_rank_with_that_root_cause(tmp
     assert "root cause: rank 3 (node 1 h1" in nodes[0], (out, err)
     # mpirun's own srun of its daemons outlives salloc by a moment.
     assert wait_until(lambda: left(marker) == [], limit=10), left(marker)
+
+
+def test_under_mpirun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
+    cluster = slurm(2)
+    marker = f"{os.getpid()}-mpirun-kill"
+    command = mpirun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", *script(tmp_path, SLEEPER))
+    child = cluster.popen(command, env=sgpu_env(tmp_path, marker))
+    assert wait_until(lambda: len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) >= 8
+                      or child.poll() is not None, limit=60)
+    victim = sgpu_pid(marker, "OMPI_COMM_WORLD_RANK=1")
+    assert victim is not None, finish(child)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.time()
+    code, out, err = finish(child, timeout=60)
+    ended = time.time()
+    assert code != 0, (out, err)
+    assert ended - killed < 15, f"{ended - killed:.2f} s"
+    # mpirun, which sees its process killed, or sgpu's heartbeat, whichever is first, ends
+    # node 0's ranks: none is left on any node.
+    assert wait_until(lambda: left(marker) == [], limit=10), left(marker)

@@ -149,6 +149,9 @@ def test_a_node_whose_sgpu_is_killed_ends_the_others(tmp_path, victim):
     assert survivor[0] == 1, results
     expected = ("node 0's store at 127.0.0.1" if victim == 0 else "node 1 has not been heard from")
     assert expected in survivor[2], survivor[2]
+    if victim == 0:  # in sgpu's own words, not c10d's warning with its C++ frames
+        assert "node 0 (127.0.0.1) is gone; this node's ranks:" in survivor[2], survivor[2]
+        assert "[c10d]" not in survivor[2] and "frame #" not in survivor[2], survivor[2]
     assert ended - killed < 15, f"{ended - killed:.2f} s"
     assert wait_until(lambda: launch.ranks_left() == [], limit=10), launch.ranks_left()
 
