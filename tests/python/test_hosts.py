@@ -2,7 +2,8 @@
 network namespace this test creates, with its own address, host name and /etc/hosts; on
 them a real Slurm cluster (Debian's slurmctld, one slurmd per host, munge), and Open MPI's
 mpirun inside a Slurm allocation. The program is started once per node by the engine, as on
-a cluster; sgpu takes the node's place from the engine's variables. Everything the test
+a cluster, be it `sgpu run` or a program that calls the C++ or Python decorator; sgpu
+takes the node's place from the engine's variables. Everything the test
 starts is stopped, and every namespace removed, after every outcome.
 
 These tests need root (CI runs as root) and the cluster's packages (ci/setup installs
@@ -505,3 +506,25 @@ def test_under_mpirun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
     # mpirun, which sees its process killed, or sgpu's heartbeat, whichever is first, ends
     # node 0's ranks: none is left on any node.
     assert wait_until(lambda: left(marker) == [], limit=10), left(marker)
+
+
+def test_the_cpp_decorator_under_mpirun_and_by_the_plain_contract(tmp_path, slurm):
+    cluster = slurm(2)
+    env = {"SGPU_TRACKING": "off", "SGPU_RUNS_DIR": str(tmp_path / "runs")}
+    expected = [f"result {r}: rank {r} of 4 on node {r // 2}, sum of ranks 6" for r in range(4)]
+    code, out, err = finish(cluster.popen(mpirun(2, NODES_CALLER, "2"), env=env))
+    assert code == 0, (out, err)
+    for node, lines in by_rank(out).items():
+        assert [line for line in lines.splitlines() if line.startswith("result")] == expected, out
+    # No engine: torchrun's variables on each host, as a scheduler that drives torchrun sets.
+    children = []
+    for node in range(2):
+        node_env = dict(os.environ, PET_NNODES="2", PET_NODE_RANK=str(node), PET_MASTER_ADDR="h0",
+                        PET_MASTER_PORT="29500", **env)
+        children.append(subprocess.Popen(cluster.hosts.command(node, [NODES_CALLER, "2"]),
+                                         env=node_env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True))
+    for child in children:
+        code, out, err = finish(child)
+        assert code == 0, (out, err)
+        assert [line for line in out.splitlines() if line.startswith("result")] == expected, out
