@@ -24,30 +24,12 @@ import time
 import pytest
 
 from conftest import processes_with_marker, wait_until
+from test_nodes import SLEEPER, script  # every rank sleeps but CRASH_RANK, which exits 7
 
 SGPU = os.environ.get("SGPU_CLI", "")
 pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
 DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
 NODES_CALLER = os.path.join(os.path.dirname(SGPU), "sgpu_nodes_caller")  # tests/workers/
-
-# Every rank sleeps, out of any collective (nothing but sgpu can end it), but CRASH_RANK,
-# which exits 7 two seconds in.
-SLEEPER = """
-    import os, sys, time
-    rank = int(os.environ["RANK"])
-    if os.environ.get("CRASH_RANK") == str(rank):
-        time.sleep(2)
-        print(f"crashing at {time.time():.3f}", file=sys.stderr, flush=True)
-        os._exit(7)
-    time.sleep(120)
-    """
-
-
-def script(tmp_path, body) -> list[str]:
-    path = tmp_path / "program.py"
-    path.write_text(textwrap.dedent(body))
-    return [sys.executable, str(path)]
-
 
 class Hosts:
     """Hosts h0, h1, ...: network namespaces with an address, a host name and an /etc/hosts
@@ -329,31 +311,20 @@ def srun(nodes, *command):
     return ["srun", f"-N{nodes}", "--ntasks-per-node=1", "--label", *command]
 
 
-def by_task(output) -> dict[int, str]:
-    """srun --label's merged output, split back into each task's (each node's) lines."""
+def by_node(output, tag) -> dict[int, str]:
+    """An engine's merged output split back into each node's lines; `tag` matches a line
+    with two groups, its node and its text."""
     lines: dict[int, list[str]] = {}
     for line in output.splitlines():
-        task, sep, text = line.partition(": ")
-        if sep and task.strip().isdigit():
-            lines.setdefault(int(task), []).append(text)
-    return {task: "\n".join(text) for task, text in lines.items()}
+        tagged = re.match(tag, line)
+        if tagged:
+            lines.setdefault(int(tagged.group(1)), []).append(tagged.group(2))
+    return {node: "\n".join(text) for node, text in lines.items()}
 
 
-def test_under_srun_sgpu_takes_each_nodes_place_and_ddp_trains_across_hosts(tmp_path, slurm):
-    cluster = slurm(2)
-    code, out, err = finish(cluster.popen(srun(2, SGPU, "info")))
-    assert code == 0, (out, err)
-    info = by_task(out)
-    for node in (0, 1):
-        assert re.search(rf"node {node} of 2, node 0 at h0:\d+ \(Slurm\)", info[node]), info
-
-    marker = f"{os.getpid()}-srun"
-    command = srun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", sys.executable, DDP_SCRIPT)
-    code, out, err = finish(cluster.popen(command, env=sgpu_env(tmp_path, marker)))
-    assert code == 0, (out, err)
-    agreed = sorted(re.findall(r"rank (\d): parameters agree", out))
-    assert agreed == ["0", "1", "2", "3"], (out, err)
-    assert left(marker) == []
+def by_task(output) -> dict[int, str]:
+    """srun --label's output ("1: text"), by task (one task per node)."""
+    return by_node(output, r"\s*(\d+): (.*)$")
 
 
 def test_under_srun_a_crash_on_node_1_ends_every_rank_on_every_node_with_that_root_cause(tmp_path, slurm):
@@ -374,24 +345,31 @@ def test_under_srun_a_crash_on_node_1_ends_every_rank_on_every_node_with_that_ro
     assert left(marker) == []
 
 
-def test_under_srun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
-    cluster = slurm(2)
-    marker = f"{os.getpid()}-srun-kill"
-    command = srun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", *script(tmp_path, SLEEPER))
+def kill_node_1s_sgpu(cluster, command, tmp_path, marker, place):
+    """Starts `command` (an engine's launch of `sgpu run` on two nodes), kills node 1's
+    sgpu (the one whose environment holds `place`) once every rank runs, and returns the
+    launch's (exit code, stdout, stderr) and the seconds from the kill to its end."""
     child = cluster.popen(command, env=sgpu_env(tmp_path, marker))
     # Both sgpus, each with its fork server and two ranks.
     assert wait_until(lambda: len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) >= 8
                       or child.poll() is not None, limit=60)
-    victim = sgpu_pid(marker, "SLURM_NODEID=1")
+    victim = sgpu_pid(marker, place)
     assert victim is not None, finish(child)
     os.kill(victim, signal.SIGKILL)
     killed = time.time()
     code, out, err = finish(child, timeout=60)
-    ended = time.time()
+    return code, out, err, time.time() - killed
+
+
+def test_under_srun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
+    cluster = slurm(2)
+    marker = f"{os.getpid()}-srun-kill"
+    command = srun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", *script(tmp_path, SLEEPER))
+    code, out, err, seconds = kill_node_1s_sgpu(cluster, command, tmp_path, marker, "SLURM_NODEID=1")
     assert code != 0, (out, err)
     assert "node 1 has not been heard from" in by_task(err).get(0, ""), err
-    assert ended - killed < 15, f"{ended - killed:.2f} s"
-    assert wait_until(lambda: processes_with_marker(f"SGPU_TEST_MARKER={marker}") == [], limit=10)
+    assert seconds < 15, f"{seconds:.2f} s"
+    assert wait_until(lambda: left(marker) == [], limit=10), left(marker)
 
 
 def test_under_srun_the_decorators_return_every_ranks_result_on_every_node(tmp_path, slurm):
@@ -444,27 +422,26 @@ def mpirun(nodes, *command):
 
 
 def by_rank(output) -> dict[int, str]:
-    """mpirun --tag-output's merged output ("[1,0]<stderr>:text"), split back into each
-    process's (each node's) lines."""
-    lines: dict[int, list[str]] = {}
-    for line in output.splitlines():
-        tagged = re.match(r"\[\d+,(\d+)\]<std(?:out|err)>:(.*)$", line)
-        if tagged:
-            lines.setdefault(int(tagged.group(1)), []).append(tagged.group(2))
-    return {rank: "\n".join(text) for rank, text in lines.items()}
+    """mpirun --tag-output's output ("[1,0]<stderr>:text"), by MPI rank (one per node)."""
+    return by_node(output, r"\[\d+,(\d+)\]<std(?:out|err)>:(.*)$")
 
 
-def test_under_mpirun_sgpu_takes_each_nodes_place_and_ddp_trains_across_hosts(tmp_path, slurm):
+@pytest.mark.parametrize("engine", ["srun", "mpirun"])
+def test_under_an_engine_sgpu_takes_each_nodes_place_and_ddp_trains_across_hosts(tmp_path, slurm,
+                                                                                   engine):
     cluster = slurm(2)
-    code, out, err = finish(cluster.popen(mpirun(2, SGPU, "info")))
+    # Node 0: srun's first host; mpirun's own (whatever the srun step of its daemons says).
+    launch, split, node0 = {"srun": (srun, by_task, "h0"),
+                            "mpirun": (mpirun, by_rank, cluster.hosts.addresses[0])}[engine]
+    code, out, err = finish(cluster.popen(launch(2, SGPU, "info")))
     assert code == 0, (out, err)
-    info = by_rank(out)
-    for node in (0, 1):  # node 0 at mpirun's own host, whatever Slurm's step says there
-        assert re.search(rf"node {node} of 2, node 0 at {cluster.hosts.addresses[0]}:\d+ \(Open MPI\)",
-                         info[node]), (out, err)
+    name = {"srun": "Slurm", "mpirun": "Open MPI"}[engine]
+    for node in (0, 1):
+        assert re.search(rf"node {node} of 2, node 0 at {node0}:\d+ \({name}\)",
+                         split(out)[node]), (out, err)
 
-    marker = f"{os.getpid()}-mpirun"
-    command = mpirun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", sys.executable, DDP_SCRIPT)
+    marker = f"{os.getpid()}-{engine}"
+    command = launch(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", sys.executable, DDP_SCRIPT)
     code, out, err = finish(cluster.popen(command, env=sgpu_env(tmp_path, marker)))
     assert code == 0, (out, err)
     agreed = sorted(re.findall(r"rank (\d): parameters agree", out))
@@ -492,17 +469,10 @@ def test_under_mpirun_killing_one_nodes_sgpu_ends_the_rest(tmp_path, slurm):
     cluster = slurm(2)
     marker = f"{os.getpid()}-mpirun-kill"
     command = mpirun(2, SGPU, "run", "--backend", "sim", "--gpus", "2", "--", *script(tmp_path, SLEEPER))
-    child = cluster.popen(command, env=sgpu_env(tmp_path, marker))
-    assert wait_until(lambda: len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) >= 8
-                      or child.poll() is not None, limit=60)
-    victim = sgpu_pid(marker, "OMPI_COMM_WORLD_RANK=1")
-    assert victim is not None, finish(child)
-    os.kill(victim, signal.SIGKILL)
-    killed = time.time()
-    code, out, err = finish(child, timeout=60)
-    ended = time.time()
+    code, out, err, seconds = kill_node_1s_sgpu(cluster, command, tmp_path, marker,
+                                                "OMPI_COMM_WORLD_RANK=1")
     assert code != 0, (out, err)
-    assert ended - killed < 15, f"{ended - killed:.2f} s"
+    assert seconds < 15, f"{seconds:.2f} s"
     # mpirun, which sees its process killed, or sgpu's heartbeat, whichever is first, ends
     # node 0's ranks: none is left on any node.
     assert wait_until(lambda: left(marker) == [], limit=10), left(marker)
