@@ -186,6 +186,10 @@ std::vector<std::string> expand_hostlist(std::string_view list) {
   const auto bad = [&](const std::string& why) -> ConfigError {
     return ConfigError("the Slurm host list \"" + std::string(list) + "\" is malformed: " + why);
   };
+  // More than any cluster has; a list that says more is not one, and expanding it would
+  // take memory without bound.
+  constexpr std::size_t kMaxHosts = 65536;
+  const auto too_many = [&] { return bad("it names more than 65536 hosts"); };
   std::vector<std::string> hosts;
   std::size_t i = 0;
   while (i < list.size()) {
@@ -215,7 +219,7 @@ std::vector<std::string> expand_hostlist(std::string_view list) {
         const auto lo = number(first, 1'000'000'000), hi = number(last, 1'000'000'000);
         if (!lo || !hi) throw bad("\"" + std::string(range) + "\" is not a number or a range");
         if (*hi < *lo) throw bad("the range \"" + std::string(range) + "\" runs backwards");
-        if (*hi - *lo >= 65536) throw bad("the range \"" + std::string(range) + "\" is too long");
+        if (suffixes.size() + static_cast<std::size_t>(*hi - *lo) >= kMaxHosts) throw too_many();
         for (long long n = *lo; n <= *hi; ++n) {
           std::string digits = std::to_string(n);
           if (digits.size() < first.size()) digits.insert(0, first.size() - digits.size(), '0');
@@ -223,15 +227,16 @@ std::vector<std::string> expand_hostlist(std::string_view list) {
         }
         at = comma + 1;
       }
+      if (expanded.size() * suffixes.size() > kMaxHosts) throw too_many();  // each <= kMaxHosts
       std::vector<std::string> next;
       next.reserve(expanded.size() * suffixes.size());
       for (const std::string& head : expanded) {
         for (const std::string& suffix : suffixes) next.push_back(head + suffix);
       }
-      if (next.size() > 65536) throw bad("it names more than 65536 hosts");
       expanded = std::move(next);
       i = close + 1;
     }
+    if (hosts.size() + expanded.size() > kMaxHosts) throw too_many();
     for (std::string& host : expanded) {
       if (host.empty()) throw bad("an empty host name");
       hosts.push_back(std::move(host));

@@ -47,6 +47,26 @@ TEST(Hostlist, RefusesWhatIsNotAList) {
   }
 }
 
+// Lists that name more hosts than any cluster has are refused before they are expanded
+// (the decoders fuzz target found such lists taking gigabytes and seconds, or more memory
+// than there is: many ranges in one bracket, behind another bracket, or many entries).
+TEST(Hostlist, RefusesListsOfMoreThan65536HostsWithoutExpandingThem) {
+  std::string ranges = "n[0-9][";
+  for (int i = 0; i < 40; ++i) ranges += (i ? "," : "") + std::string("0-65535");
+  ranges += "]";
+  std::string entries;
+  for (int i = 0; i < 300; ++i) entries += (i ? "," : "") + ("h" + std::to_string(i) + "[0-65535]");
+  for (const std::string& list : {ranges, entries, std::string("a[0-255][0-255][0-1]")}) {
+    try {
+      expand_hostlist(list);
+      ADD_FAILURE() << "expanded " << list.substr(0, 40);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than 65536 hosts"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(expand_hostlist("a[0-255][0-255]").size(), 65536u);
+}
+
 // The law: writing any hosts of one prefix as Slurm compresses them (sorted runs as
 // ranges, zero padding kept) expands back to those hosts, in order.
 RC_GTEST_PROP(Hostlist, CompressedRangesExpandToTheirHosts, ()) {
