@@ -98,6 +98,16 @@ Options options_from(const py::dict& given) {
       options.tracking_uri = py::cast<std::string>(value);
     } else if (key == "experiment") {
       options.experiment = py::cast<std::string>(value);
+    } else if (key == "nnodes") {
+      options.nnodes = py::cast<int>(value);
+    } else if (key == "node_rank") {
+      options.node_rank = py::cast<int>(value);
+    } else if (key == "rdzv_endpoint") {
+      options.rdzv_endpoint = py::cast<std::string>(value);
+    } else if (key == "rdzv_id") {
+      options.rdzv_id = py::cast<std::string>(value);
+    } else if (key == "rdzv_timeout") {
+      options.rdzv_timeout = milliseconds_of(py::cast<double>(value));
     } else {
       throw ConfigError("unknown option " + key);
     }

@@ -52,6 +52,11 @@ _OPTION_TYPES = {
     "tracking": (bool, "True or False"),
     "tracking_uri": (str, "an MLflow tracking URI"),
     "experiment": (str, "an experiment name"),
+    "nnodes": (int, "a number of nodes (0: from the engine, else 1)"),
+    "node_rank": (int, "this node's place, 0 to nnodes-1 (-1: from the engine)"),
+    "rdzv_endpoint": (str, 'node 0\'s store as "HOST[:PORT]"'),
+    "rdzv_id": (str, "the launch's name, the same on every node"),
+    "rdzv_timeout": ((int, float), "seconds (a positive number) for every node to join"),
 }
 
 
@@ -80,6 +85,10 @@ def _check_options(options: dict) -> dict:
         raise errors.ConfigError(
             f"hang_timeout must be positive seconds, got {hang_timeout!r}; "
             "use hang_timeout=None to never judge a call hung"
+        )
+    if "rdzv_timeout" in checked and not checked["rdzv_timeout"] > 0:
+        raise errors.ConfigError(
+            f"rdzv_timeout must be positive seconds, got {checked['rdzv_timeout']!r}"
         )
     if checked.get("recorder_entries", 0) < 0:
         raise errors.ConfigError("recorder_entries must not be negative")

@@ -299,3 +299,28 @@ def test_the_python_decorator_on_two_nodes_returns_every_ranks_result_in_one_run
         assert run.data.params["nnodes"] == "2", run.data.params
         logged = {key: value for key, value in run.data.metrics.items() if key.startswith("total_")}
         assert logged == {f"total_on_rank_{r}": 6.0 for r in range(4)}, run.data.metrics
+
+
+def test_the_python_decorator_takes_the_contract_as_options(tmp_path):
+    port = free_port()
+    caller = script(tmp_path, f"""
+        import os, sgpu
+
+        @sgpu.distributed(gpus=2, nnodes=2, node_rank=int(os.environ["THIS_NODE"]),
+                          rdzv_endpoint="127.0.0.1:{port}", rdzv_timeout=60, tracking=False)
+        def place():
+            return sgpu.get_global_rank(), sgpu.get_node_rank()
+
+        print("results", place.distributed())
+        """)
+    children = [subprocess.Popen(caller, env=dict(os.environ, THIS_NODE=str(node)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for node in range(2)]
+    for child in children:
+        out, err = child.communicate(timeout=180)
+        assert child.returncode == 0, (out, err)
+        assert "results " + repr([(r, r // 2) for r in range(4)]) in out.splitlines(), (out, err)
+    import sgpu
+
+    with pytest.raises(sgpu.ConfigError, match="rdzv_timeout must be positive"):
+        sgpu.distributed(gpus=2, rdzv_timeout=0)(print)
