@@ -43,7 +43,7 @@ CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring) {
   return stats;
 }
 
-std::string comm_summary(const std::vector<CommStats>& ranks) {
+std::string comm_summary(const std::vector<CommStats>& ranks, const std::string& whose) {
   std::map<std::string, CollectiveTotals> most;
   std::map<std::string, bool> differ;
   std::map<std::string, int> seen;
@@ -60,7 +60,7 @@ std::string comm_summary(const std::vector<CommStats>& ranks) {
     }
   }
   if (most.empty()) return "";
-  std::string line = "sgpu: collectives (the most of any rank):";
+  std::string line = "sgpu: collectives (the most of " + whose + "):";
   const char* separator = " ";
   for (const auto& [op, t] : most) {
     char seconds[32];

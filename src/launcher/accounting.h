@@ -18,8 +18,10 @@ CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring);
 
 // "sgpu: collectives (the most of any rank): all_reduce 1875 calls, 4.58 MiB, 0.410 s
 // (0.023147 s on h100-nvswitch); ...\n" (the part in brackets when a platform predicted);
-// "" when no rank made any.
-std::string comm_summary(const std::vector<CommStats>& ranks);
+// "" when no rank made any. `whose` names the ranks ("any rank"; over several nodes "any
+// rank of this node", since each node sees its own).
+std::string comm_summary(const std::vector<CommStats>& ranks,
+                         const std::string& whose = "any rank");
 
 // sgpu.comm.<op>.count, .bytes, .seconds and (with a platform) .predicted_seconds, every
 // group added up.

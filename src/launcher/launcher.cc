@@ -1045,7 +1045,8 @@ class CallImpl final : public detail::Call {
       comm.push_back(comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
     }
     if (kind_ != CallKind::kProgram && any_rank_on_console()) {
-      if (const std::string line = comm_summary(comm); !line.empty()) {
+      const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
+      if (const std::string line = comm_summary(comm, whose); !line.empty()) {
         if (spec_.console) {
           spec_.console(STDERR_FILENO, line);
         } else {

@@ -283,9 +283,11 @@ PYTHON_CALLER = """
 def test_the_python_decorator_on_two_nodes_returns_every_ranks_result_in_one_run(tmp_path):
     results = per_node(script(tmp_path, PYTHON_CALLER), 2)
     assert [code for code, _, _ in results] == [0, 0], results
-    for _, out, _ in results:
+    for _, out, err in results:
         lines = out.splitlines()
         assert "results " + repr([(r, r // 2, 16.0) for r in range(4)]) in lines, results
+        # Each node's figures are its own ranks', and it says so.
+        assert "sgpu: collectives (the most of any rank of this node): all_reduce 1 calls" in err, err
         assert "again " + repr([(r, r // 2, 26.0) for r in range(4)]) in lines, results
     import mlflow
 
