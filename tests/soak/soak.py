@@ -1,11 +1,13 @@
-"""The chaos soak: calls launched back to back and side by side, with random world sizes,
+"""The chaos soak: calls launched back to back and side by side (through the Python
+decorator, the C++ one and sgpu run), with random world sizes,
 payloads, fault plans and kills (of ranks, of the fork server, of the caller), CPU
 oversubscription, and a runs folder on a filesystem too small for the call; after every
 call, its outcome is checked against the one its plan implies and nothing of it may be
 left (process, zombie, descriptor, run folder), and after every round of calls nothing of
 any call (listening port, shared-memory file); at the end every tracked run has ended.
 
-    soak.py --sgpu build/bin/sgpu --calls 40 [--seed S] [--parallel 2] [--max-gpus 4]
+    soak.py --sgpu build/bin/sgpu [--cpp-caller build/bin/sgpu_soak_caller] --calls 40
+            [--seed S] [--parallel 2] [--max-gpus 4]
 
 Prints its counts (calls, faults, kills, outcomes) and every departure; exits 1 when there
 was one. The seed it prints reproduces the same plans (not the same timings)."""
@@ -33,6 +35,9 @@ from process_table import alive, is_fork_server, processes_with_marker, wait_unt
 MARKER = "SGPU_SOAK_MARKER"
 SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
 GONE_WITHIN = 15.0  # seconds a call's processes may take to go once its caller has its outcome
+# Jobs whose calls are a decorator's, in one caller process: Python's (caller.py) and C++'s
+# (tests/workers/soak_caller.cc).
+DECORATORS = ("decorator", "cpp-decorator")
 
 
 @dataclasses.dataclass
@@ -59,7 +64,7 @@ class Call:
 @dataclasses.dataclass
 class Job:
     id: int
-    kind: str  # "decorator" (@sgpu.distributed in caller.py) or "program" (sgpu run)
+    kind: str  # "decorator" (@sgpu.distributed in caller.py), "cpp-decorator" or "program" (sgpu run)
     calls: list
     dir: pathlib.Path
     marker: str
@@ -89,7 +94,7 @@ class Soak:
         call = Call(name=f"soak-{job.id}-{index}", world=world,
                     elements=r.choice([1, 7, 1024, 65536, 262144]),
                     steps=r.randint(3, 6), pause=r.choice([0.2, 0.4, 0.6]),
-                    blob_bytes=r.choice([0, 100, 1 << 16, 1 << 20]) if job.kind == "decorator" else 0)
+                    blob_bytes=r.choice([0, 100, 1 << 16, 1 << 20]) if job.kind in DECORATORS else 0)
         call.dir = str(job.dir / call.name)
         call.runs_dir = str(job.dir / "runs")
         roll = r.random()
@@ -99,14 +104,14 @@ class Soak:
             self.plan_fault(call)
         elif roll < 0.9 or not last:
             call.kill = ("rank", r.randrange(world), r.choice(list(SIGNALS)))
-        elif job.kind == "decorator" and r.random() < 0.4:
+        elif job.kind in DECORATORS and r.random() < 0.4:
             call.kill = ("server", r.choice(list(SIGNALS)))
         else:
             call.kill = ("caller", r.choice(list(SIGNALS)))
         if self.small is not None and call.kill is None and not call.plan and r.random() < 0.15:
             call.full_disk = True
             call.runs_dir = str(self.small / f"job-{job.id}")
-            if job.kind == "decorator":
+            if job.kind in DECORATORS:
                 call.blob_bytes = 3 << 20  # more to stage than the small filesystem holds
             else:
                 call.chatter = 25000  # more log than it holds (2.9 MB a rank): the call goes on
@@ -146,7 +151,7 @@ class Soak:
 
     def run_job(self, job: Job) -> None:
         try:
-            if job.kind == "decorator":
+            if job.kind in DECORATORS:
                 self.run_decorator_job(job)
             else:
                 for call in job.calls:
@@ -157,7 +162,9 @@ class Soak:
     def run_decorator_job(self, job: Job) -> None:
         spec = job.dir / "job.json"
         spec.write_text(json.dumps({"calls": [dataclasses.asdict(c) for c in job.calls]}))
-        child = subprocess.Popen([sys.executable, str(HERE / "caller.py"), str(spec)],
+        caller = ([sys.executable, str(HERE / "caller.py")] if job.kind == "decorator"
+                  else [self.args.cpp_caller])
+        child = subprocess.Popen([*caller, str(spec)],
                                  env=self.environment(job), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         stderr = []
@@ -260,6 +267,19 @@ class Soak:
         thread.start()
         return thread
 
+    @staticmethod
+    def is_server(job: Job, child, pid: int) -> bool:
+        """True for the fork server of the job's caller: Python's, or the C++ caller's own
+        binary started as one (its ranks, forked from it, share its environment)."""
+        if job.kind == "decorator":
+            return is_fork_server(pid)
+        try:
+            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ppid = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        return ppid == child.pid and b"SGPU_ROLE=fork-server" in environ
+
     def kill(self, job: Job, call: Call, child) -> None:
         folder = pathlib.Path(call.dir)
         deadline = time.monotonic() + 120
@@ -275,7 +295,7 @@ class Soak:
         if target == "rank":
             pid = int((folder / f"rank-{call.kill[1]}.pid").read_text())
         elif target == "server":
-            servers = [p for p in processes_of(job) if is_fork_server(p)]
+            servers = [p for p in processes_of(job) if self.is_server(job, child, p)]
             if not servers:
                 self.problem(job, call, "no fork server to kill")
                 return
@@ -510,7 +530,8 @@ class Soak:
 
     def new_job(self, calls: int) -> Job:
         self.next_job += 1
-        kind = self.random.choice(["decorator", "program"])
+        kinds = ["decorator", "program"] + (["cpp-decorator"] if self.args.cpp_caller else [])
+        kind = self.random.choice(kinds)
         job = Job(id=self.next_job, kind=kind, calls=[], dir=self.root / f"job-{self.next_job}",
                   marker=f"{os.getpid()}-{self.next_job}")
         job.dir.mkdir()
@@ -599,6 +620,8 @@ def format_kill(kill) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sgpu", required=True, help="the sgpu command")
+    parser.add_argument("--cpp-caller", help="tests/workers/soak_caller.cc built: jobs through the "
+                                             "C++ decorator too")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--parallel", type=int, default=2, help="most jobs side by side")
