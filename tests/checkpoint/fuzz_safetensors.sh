@@ -9,7 +9,7 @@ cp -n "$src/tests/checkpoint/fuzz_corpus/"* "$work/corpus/"
 binary=$work/safetensors_fuzz
 objects=("$src/tests/checkpoint/safetensors_fuzz.cc" "$src/src/sgpu/checkpoint/safetensors.cc")
 if [[ ! -x $binary || -n $(find "${objects[@]}" "$src/src/sgpu/checkpoint/safetensors.h" -newer "$binary") ]]; then
-  "${CXX:-clang++}" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  "${CXX:-clang++}" -std=c++20 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src/src" -isystem "$torch/include" \
     -isystem "$torch/include/torch/csrc/api/include" "${objects[@]}" \
     -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -o "$binary.new"

@@ -27,16 +27,21 @@ stale() {
       -newer "$binary" | head -1) ]]
 }
 if stale; then
-  # One object per source, SGPU_BUILD_JOBS (2) at a time, then one link.
-  flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+  # Two unity files (every other source in each), one per job, then one link: libtorch's
+  # headers are read twice, not once per source (45 s, not about 200 s, on 2 cores).
+  flags=(-std=c++20 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
     -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src/src" -I"$src"
     -DSGPU_PLATFORM_SOURCE_DIR="\"$src/src/model/platforms\"" -DSGPU_PLATFORM_INSTALL_DIR="\"/nonexistent\""
     -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include")
   objects=$work/decoders-objects
   rm -rf "$objects" && mkdir -p "$objects"
-  export CXX_BIN=${CXX:-clang++} OBJECTS=$objects
-  printf '%s\n' "${paths[@]}" | xargs -P "${SGPU_BUILD_JOBS:-2}" -I{} bash -c \
-    '"$CXX_BIN" "$@" -c "{}" -o "$OBJECTS/$(echo "{}" | tr / _).o"' _ "${flags[@]}"
+  for i in "${!paths[@]}"; do echo "#include \"${paths[$i]}\"" >>"$objects/unity_$((i % 2)).cc"; done
+  pids=()
+  for u in 0 1; do
+    "${CXX:-clang++}" "${flags[@]}" -c "$objects/unity_$u.cc" -o "$objects/unity_$u.o" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
   "${CXX:-clang++}" -fsanitize=fuzzer,address,undefined "$objects"/*.o \
     -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -lz -o "$binary.new"
   mv "$binary.new" "$binary"
