@@ -163,8 +163,9 @@ def test_mlflow_and_sgpu_logging_in_a_scripts_ranks_both_arrive_once(tmp_path):
     assert run_.info.status == "FINISHED" and run_.info.run_name == "script.py"
     for rank in range(8):
         for source, count in points.items():
-            history = client.get_metric_history(run_.info.run_id, f"{source}/r{rank}")
-            assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(count)], source
+            key = f"{source}/r{rank}"
+            history = client.get_metric_history(run_.info.run_id, key)
+            assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(count)], key
 
 
 def test_the_run_of_a_caller_killed_outright_is_ended_killed_by_the_next_sync(tmp_path):
