@@ -1,11 +1,11 @@
 // Many calls in a row leave nothing behind: no process, no descriptor, no listening port.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
 
+#include "launcher/rank_starter.h"
 #include "sgpu/sgpu.h"
 #include "support/process_table.h"
 
@@ -41,11 +41,11 @@ std::set<std::string> listening_sockets() {
 // (about half a second a rank, where a fork takes milliseconds). 40 still catch a leak
 // that happens on one call in ten.
 TEST(Lifecycle, ManyCallsInARowLeakNothing) {
-  const char* method = std::getenv("SGPU_START_METHOD");
-  const int calls = method != nullptr && std::string(method) == "exec" ? 40 : 200;
   sgpu::Options options;
   options.backend = "sim";
   options.gpus = 1;
+  const bool exec = sgpu::launcher::resolve_start_method(options) == sgpu::StartMethod::kExec;
+  const int calls = exec ? 40 : 200;
   auto job = sgpu::distributed(twice, options);
   EXPECT_EQ(job.distributed(1), (std::vector<int>{2}));  // warm up lazily created state
   const int fds = sgpu::testing::open_fd_count();
