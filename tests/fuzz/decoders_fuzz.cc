@@ -16,6 +16,8 @@
 //   9 DeepSpeed configurations as ZeRO reads them                        ConfigError
 //  10 what the nodes of a launch tell each other: a node's report         invalid_argument
 //     (node_report.h), and Slurm host lists and rendezvous endpoints      ConfigError
+//  11 safetensors files; what parses has tensors whose byte spans match   CheckpointError
+//     the header
 // Built and run by tests/fuzz/fuzz_decoders.sh with clang; seeds in tests/fuzz/corpus/.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -33,6 +36,7 @@
 #include "serialize/node_report.h"
 #include "serialize/record.h"
 #include "sgpu/checkpoint/manifest.h"
+#include "sgpu/checkpoint/safetensors.h"
 #include "sgpu/errors.h"
 #include "sgpu/options.h"
 #include "sgpu/parallel/zero_config.h"
@@ -101,7 +105,7 @@ void platform(const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 11) {
+  switch (data[0] % 12) {
     case 0:
       records(input);
       break;
@@ -171,6 +175,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       try {
         (void)sgpu::launcher::parse_endpoint(input, 29500, "fuzz");
       } catch (const sgpu::ConfigError&) {
+      }
+      break;
+    case 11:
+      try {
+        using sgpu::checkpoint::Parsed;
+        const Parsed parsed =
+            sgpu::checkpoint::parse_buffer(std::span(data + 1, size - 1), "fuzz-input");
+        for (const auto& entry : parsed.header.tensors) {
+          if (parsed.tensors.at(entry.name).nbytes() != entry.end - entry.begin) std::abort();
+        }
+      } catch (const sgpu::checkpoint::CheckpointError&) {
       }
       break;
   }

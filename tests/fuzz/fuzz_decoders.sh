@@ -3,9 +3,9 @@
 # UndefinedBehaviorSanitizer, and runs it for a bounded time from the seeds in corpus/.
 # A crash leaves its input as WORK_DIR/crash-* and fails; add it to corpus/ (and a test)
 # once fixed.
-# Usage: fuzz_decoders.sh SOURCE_DIR WORK_DIR TORCH_DIR [SECONDS]
+# Usage: fuzz_decoders.sh SOURCE_DIR WORK_DIR TORCH_DIR [SECONDS]  (default 60)
 set -euo pipefail
-src=$1 work=$2 torch=$3 seconds=${4:-35}
+src=$1 work=$2 torch=$3 seconds=${4:-60}
 mkdir -p "$work/decoders-corpus"
 cp -n "$src/tests/fuzz/corpus/"* "$work/decoders-corpus/"
 binary=$work/decoders_fuzz

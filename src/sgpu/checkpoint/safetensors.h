@@ -8,7 +8,7 @@
 // field's type, dtype names, shape x element size against the byte span, offsets inside
 // the data, spans that neither overlap nor leave holes, duplicate names. Every failure is
 // a CheckpointError whose message names the file and, where there is one, the tensor; no
-// input crashes the process (the reader is fuzzed: tests/checkpoint/safetensors_fuzz.cc).
+// input crashes the process (the reader is fuzzed: tests/fuzz/decoders_fuzz.cc).
 #pragma once
 
 #include <ATen/ATen.h>
