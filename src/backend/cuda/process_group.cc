@@ -1,6 +1,7 @@
 // The CUDA side that needs libtorch's CUDA part, built as its own module
 // (libsgpu_cuda_runtime.so) and loaded by the cuda backend when a rank binds. Binaries
 // that link sgpu load no CUDA library until a rank runs on "cuda".
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -14,6 +15,10 @@ extern "C" {
 // Makes `device` the rank's current CUDA device, and caps what the caching allocator may
 // take of it at SGPU_CUDA_MEMORY_FRACTION (checked by the caller: CudaBackend).
 void sgpu_cuda_bind(int device) {
+  // torch creates the caching allocator's per-device state when it first initialises CUDA
+  // (its first CUDA tensor); before that, setMemoryFraction and getDeviceStats refuse the
+  // device ("Allocator not initialized for device", "Invalid device argument").
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
   const char* fraction = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
   if (fraction != nullptr && *fraction != '\0') {
