@@ -88,7 +88,16 @@ class CompletionPoller {
  public:
   static CompletionPoller& instance() {
     static auto* poller = new CompletionPoller;  // lives to the rank's end
+    created_.store(true);
     return *poller;
+  }
+  static bool created() { return created_.load(); }
+
+  // Ends the entries of the Works that are done; true when none is left.
+  bool settle() {
+    std::lock_guard lock(mutex_);
+    end_completed();
+    return watched_.empty();
   }
 
   void watch(c10::intrusive_ptr<c10d::Work> work, CollectiveRing* ring, std::uint64_t serial) {
@@ -111,17 +120,23 @@ class CompletionPoller {
     std::unique_lock lock(mutex_);
     while (true) {
       wake_.wait(lock, [this] { return !watched_.empty(); });
-      for (auto it = watched_.begin(); it != watched_.end();) {
-        if (it->work->isCompleted()) {
-          it->ring->end(it->serial, state_of(*it->work));
-          it = watched_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      end_completed();
       wake_.wait_for(lock, std::chrono::milliseconds(2));
     }
   }
+
+  void end_completed() {  // with mutex_ held
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      if (it->work->isCompleted()) {
+        it->ring->end(it->serial, state_of(*it->work));
+        it = watched_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  static inline std::atomic<bool> created_{false};
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -227,6 +242,14 @@ class RecordingBackend final : public InterposingBackend {
 };
 
 }  // namespace
+
+void settle_polled_entries(std::chrono::milliseconds limit) {
+  if (!CompletionPoller::created()) return;  // no group of this rank polls
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!CompletionPoller::instance().settle() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 CollectiveRing* rank_ring() {
   static CollectiveRing* ring = []() -> CollectiveRing* {

@@ -4,6 +4,7 @@
 // Options::recorder_entries; 0: nothing is recorded).
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -22,6 +23,11 @@ contract::CollectiveRing* rank_ring();
 enum class Completion { kFuture, kPolled };
 // The way for a backend's groups ("cuda": polled).
 Completion completion_for(const std::string& backend);
+
+// At the rank's end, before its figures are read from the ring: the polled entries whose
+// Works are done by then are ended (the poller looks only every few milliseconds), waiting
+// up to `limit` for the rest; what is still running then stays in flight, as it was.
+void settle_polled_entries(std::chrono::milliseconds limit);
 
 // `transport` with every operation recorded in `ring` under `group`; `transport` itself
 // when `ring` is null.

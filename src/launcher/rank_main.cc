@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "backend/backend_table.h"
+#include "collectives/recorder.h"
 #include "contract/abrupt_end.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
@@ -142,6 +143,9 @@ bool g_bound = false;  // the rank bound its device
 // rank.
 void record_rank_figures() {
   if (!g_bound) return;
+  // An NCCL entry ends when the poller sees its Work done: the rank's last collectives,
+  // synchronised just before it returned, are ended here rather than left to chance.
+  collectives::settle_polled_entries(std::chrono::milliseconds(500));
   try {
     const contract::RankEnvironment env = contract::read_rank_environment();
     const contract::RankFolder folder{env.rank_dir};

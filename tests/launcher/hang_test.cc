@@ -187,8 +187,10 @@ TEST(Hang, ARankThatGivesAnotherSizeIsNamedWithBothSizes) {
 
 TEST(Hang, ACallWhoseCollectivesKeepCompletingIsNeverJudgedHung) {
   // Three times the hang timeout, in collectives 50 ms apart (the timeout leaves room for
-  // ranks that start late on a loaded machine: the first collective waits for them).
-  SGPU_REQUIRE_RANKS(2);
+  // ranks that start late on a loaded machine: the first collective waits for them). One
+  // rank will do: on cuda it holds the recorder's completion poller to account (an NCCL
+  // entry is ended by polling its Work, and one left in flight would be judged hung).
+  SGPU_REQUIRE_RANKS(1);
   const int gpus = std::min(4, most_ranks());
   sgpu::Options o = options(gpus);
   o.hang_timeout = std::chrono::seconds(2);
@@ -214,8 +216,8 @@ TEST(Hang, ATimeoutCarriesTheVerdict) {
 }
 
 TEST(Hang, ATimeoutWithEveryRankOutsideACollectiveSaysSo) {
-  SGPU_REQUIRE_RANKS(2);
-  sgpu::Options o = options(2);
+  SGPU_REQUIRE_RANKS(1);  // one GPU will do: its all-reduce must read as completed
+  sgpu::Options o = options(std::min(2, most_ranks()));
   o.timeout = std::chrono::seconds(4);  // the first all-reduce ends well before
   const auto e = failure_of<sgpu::TimeoutError>(sleeps_after_one, o, 60'000);
   EXPECT_TRUE(e.collectives().culprits.empty());
