@@ -271,7 +271,9 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
   call.command = std::move(command);
   call.payload = payload;
   call.function_name = std::move(function_name);
-  call.catch_signals = false;  // KeyboardInterrupt reaches sgpu.Handle, which cancels
+  // KeyboardInterrupt reaches sgpu.Handle, which cancels; SIGTERM tears the ranks down and
+  // ends the run before the interpreter ends as it would have.
+  call.caught_signals = launcher::CaughtSignals::kTerminateOnly;
   call.parent_run_id = std::move(parent_run_id);
   if (!fork_server.empty()) {  // the program's path, then its whole argv
     call.fork_server.push_back(fork_server.front());

@@ -571,8 +571,7 @@ class CallImpl final : public detail::Call {
   }
 
   void monitor() {
-    std::optional<InterruptScope> interrupts;
-    if (spec_.catch_signals) interrupts.emplace();
+    const InterruptScope interrupts(spec_.caught_signals);
     Outcome outcome = Outcome::kRunning;
     std::string start_error;
     std::string cancel_reason;
@@ -608,7 +607,13 @@ class CallImpl final : public detail::Call {
 
       std::vector<pollfd> fds;
       fds.push_back({cancel_fd_.get(), POLLIN, 0});
-      fds.push_back({InterruptScope::event_fd(), POLLIN, 0});
+      // The signal fd stays readable once a signal came, so it is watched only while the
+      // call runs, and not once the signal that came is one this call leaves to the caller
+      // (caught by another call in this process that catches more).
+      const int pending = InterruptScope::pending_signal();
+      const bool watch_signals =
+          phase_ == Phase::kRunning && (pending == 0 || interrupts.catches(pending));
+      fds.push_back({watch_signals ? InterruptScope::event_fd() : -1, POLLIN, 0});
       for (RankSlot& slot : slots_) {
         if (slot.out && slot.out->open()) fds.push_back({slot.out->fd(), POLLIN, 0});
         if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
@@ -647,8 +652,7 @@ class CallImpl final : public detail::Call {
         cancel_reason = "cancelled";
         begin_teardown(now);
       }
-      if (phase_ == Phase::kRunning && (fds[1].revents & POLLIN) &&
-          InterruptScope::pending_signal() != 0) {
+      if (phase_ == Phase::kRunning && interrupts.catches(InterruptScope::pending_signal())) {
         outcome = Outcome::kCancelled;
         cancel_reason = "interrupted by " + signal_name(InterruptScope::pending_signal());
         begin_teardown(now);

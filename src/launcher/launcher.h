@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/interrupt.h"
 #include "sgpu/internal/call.h"
 #include "sgpu/internal/call_record.h"
 #include "sgpu/options.h"
@@ -43,10 +44,9 @@ struct WorkerCall {
   std::string payload;               // checked against Options::max_payload_bytes
   std::string function_name;         // the function's qualified name, for the run and errors
   ConsoleSink console;               // unset: the caller's fds 1 and 2
-  // false: SIGINT and SIGTERM are left to the caller (Python turns SIGINT into
-  // KeyboardInterrupt, and its handle cancels the call then); true: as a function's call
-  // (launcher/interrupt.h).
-  bool catch_signals = true;
+  // Which of the caller's signals cancel the call while it runs (launcher/interrupt.h):
+  // Python's SIGINT is left to it (KeyboardInterrupt, on which its handle cancels the call).
+  CaughtSignals caught_signals = CaughtSignals::kInterruptAndTerminate;
   std::string parent_run_id;  // the call's run is nested under this one (tracking::CallRunRequest)
   // The worker's fork server (its path, then its whole argv: launcher/fork_server.h), used unless
   // the start method is exec; empty: every rank is exec'd.

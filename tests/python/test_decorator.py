@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sgpu
-from conftest import alive, processes_with_marker
+from conftest import alive, processes_with_marker, wait_until
 from sgpu import distributed
 
 
@@ -347,6 +347,59 @@ def test_a_caller_killed_takes_its_ranks_with_it(tmp_path, method):
     while processes_with_marker(f"SGPU_TEST_MARKER={marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
+
+
+@pytest.mark.parametrize("own_handler", [False, True])
+def test_a_caller_ended_with_sigterm_tears_its_ranks_down_and_ends_its_run_killed(tmp_path, own_handler):
+    """A scheduler's stop, `kill`, a container's stop: the ranks are torn down (they get
+    SIGTERM, so their last words are saved), the run ends KILLED, then the caller ends as
+    SIGTERM would have ended it: by its own handler, or killed by the signal."""
+    marker = f"{os.getpid()}-sigterm-{own_handler}"
+    database = "sqlite:///" + str(tmp_path / "mlflow.db")
+    script = tmp_path / "terminated.py"
+    script.write_text(textwrap.dedent(
+        f"""
+        import signal, sys, time, sgpu
+
+        if {own_handler}:
+            def handler(signum, frame):
+                print("the caller's own handler ran", flush=True)
+                sys.exit(43)
+            signal.signal(signal.SIGTERM, handler)
+
+        @sgpu.distributed(gpus=2, name="terminated")
+        def sleeps():
+            sgpu.log_metric("before", 1.0)
+            time.sleep(60)
+
+        try:
+            sleeps.distributed()
+        except sgpu.CancelledError as error:
+            print("cancelled:", error, flush=True)
+            time.sleep(30)  # the signal, raised again, ends the caller first
+        """
+    ))
+    env = dict(os.environ, SGPU_TEST_MARKER=marker, MLFLOW_TRACKING_URI=database)
+    child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    ranks = tmp_path / "runs"
+    assert wait_until(lambda: len(list(ranks.glob("*/rank-*/stdout.log"))) == 2, limit=30)
+    assert wait_until(lambda: len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) >= 4, limit=30)
+    time.sleep(1.0)  # the ranks are in the function
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=60)
+    if own_handler:
+        assert child.returncode == 43, out
+        assert "the caller's own handler ran" in out
+    else:
+        assert child.returncode == -signal.SIGTERM, out
+    assert wait_until(lambda: processes_with_marker(f"SGPU_TEST_MARKER={marker}") == [], limit=10)
+    import mlflow
+
+    (run,) = mlflow.MlflowClient(tracking_uri=database).search_runs(experiment_ids=["0"])
+    assert run.info.run_name == "terminated"
+    assert run.info.status == "KILLED"
+    assert run.info.end_time >= run.info.start_time
+    assert run.data.metrics.get("before") == 1.0  # the ranks' spools were sent before it ended
 
 
 def test_a_call_inside_a_rank_is_refused():
