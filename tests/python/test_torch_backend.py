@@ -2,6 +2,7 @@
 collective faults, and PyTorch's own DDP and FSDP, over both simulated transports."""
 
 import os
+import re
 
 import pytest
 
@@ -130,6 +131,36 @@ def test_a_hang_in_a_subgroup_names_the_group_by_its_ranks(transport):
     # Rank 1's Python stack shows where it is held.
     assert "in all_reduces" in diagnosis.culprit_stack, diagnosis.culprit_stack
     assert os.path.isfile(diagnosis.stacks)
+
+
+def skips(skipper, skipped):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    t = torch.ones(1024)
+    for i in range(1, 7):  # all-reduce and broadcast by turns
+        if dist.get_rank() == skipper and i == skipped:
+            continue
+        if i % 2:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+    return dist.get_rank()
+
+
+@pytest.mark.parametrize("transport, rank, k", [("shm", 0, 2), ("gloo", 2, 3)])
+def test_a_python_rank_that_skips_a_collective_is_named_at_it(transport, rank, k):
+    fn = distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5,
+                     sim_transport=transport)(skips)
+    with pytest.raises(Exception) as caught:
+        fn.distributed(rank, k)
+    # Its k-th collective is the other op: the ranks disagree at #k (shared memory fails
+    # them there, a rank's error raised as itself; over Gloo the watchdog judges it).
+    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    assert isinstance(error, sgpu.DistributedError), repr(caught.value)
+    assert error.collectives.culprits == (rank,), str(error)
+    assert re.search(rf"collective #{k}\b", error.collectives.verdict), error.collectives.verdict
 
 
 def test_a_bad_hang_timeout_is_a_config_error():
