@@ -370,6 +370,7 @@ def test_a_caller_ended_with_sigterm_tears_its_ranks_down_and_ends_its_run_kille
         @sgpu.distributed(gpus=2, name="terminated")
         def sleeps():
             sgpu.log_metric("before", 1.0)
+            print("logged", flush=True)
             time.sleep(60)
 
         try:
@@ -381,10 +382,12 @@ def test_a_caller_ended_with_sigterm_tears_its_ranks_down_and_ends_its_run_kille
     ))
     env = dict(os.environ, SGPU_TEST_MARKER=marker, MLFLOW_TRACKING_URI=database)
     child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
-    ranks = tmp_path / "runs"
-    assert wait_until(lambda: len(list(ranks.glob("*/rank-*/stdout.log"))) == 2, limit=30)
-    assert wait_until(lambda: len(processes_with_marker(f"SGPU_TEST_MARKER={marker}")) >= 4, limit=30)
-    time.sleep(1.0)  # the ranks are in the function
+    logs = tmp_path / "runs"
+
+    def both_logged():
+        return sum("logged" in log.read_text() for log in logs.glob("*/rank-*/stdout.log")) == 2
+
+    assert wait_until(both_logged, limit=60)
     child.send_signal(signal.SIGTERM)
     out, _ = child.communicate(timeout=60)
     if own_handler:
