@@ -88,9 +88,9 @@ class CompletionPoller {
  public:
   static CompletionPoller& instance() {
     static auto* poller = new CompletionPoller;  // lives to the rank's end
-    created_.store(true);
     return *poller;
   }
+  // Whether a group of this rank has asked for one (without making it).
   static bool created() { return created_.load(); }
 
   // Ends the entries of the Works that are done; true when none is left.
@@ -110,6 +110,8 @@ class CompletionPoller {
   }
 
  private:
+  CompletionPoller() { created_.store(true); }
+
   struct Watched {
     c10::intrusive_ptr<c10d::Work> work;
     CollectiveRing* ring;
