@@ -32,13 +32,16 @@ void on_signal(int signal) {
   [[maybe_unused]] ssize_t n = ::write(InterruptScope::event_fd(), &one, sizeof one);
 }
 
+// A signal the process ignores stays ignored: its calls go on as the process would.
 void take(CaughtSignal& caught) {
   if (caught.scopes++ > 0) return;
+  ::sigaction(caught.signal, nullptr, &caught.previous);
+  if (caught.previous.sa_handler == SIG_IGN) return;
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  ::sigaction(caught.signal, &action, &caught.previous);
+  ::sigaction(caught.signal, &action, nullptr);
 }
 
 // The last scope catching the signal restores what it did before, then raises it again

@@ -4,7 +4,7 @@
 // call that catches it sees event_fd() become readable, tears its ranks down and ends as
 // cancelled. When the last call catching it has finished, the previous disposition is
 // restored and the signal is raised again, so the caller ends (or runs its own handler)
-// exactly as it would have.
+// exactly as it would have. A signal the caller ignores (SIG_IGN) is left ignored.
 //
 // A C++ caller and `sgpu run` catch both signals. Python catches SIGTERM only: its SIGINT is
 // KeyboardInterrupt, on which sgpu.Handle cancels the call itself, while SIGTERM's default

@@ -1,5 +1,6 @@
 // The caller's fate: killed with SIGKILL, its ranks (and what they started) are gone
-// within 2 seconds; interrupted with SIGINT or SIGTERM, it tears them down before it dies.
+// within 2 seconds; interrupted with SIGINT or SIGTERM, it tears them down before it dies;
+// a SIGTERM it ignores leaves its call running.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,8 +26,10 @@ std::filesystem::path caller_program() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path() / "sgpu_test_caller";
 }
 
-// Starts test_caller with `marker` in its environment and waits until every rank is up.
-Caller start_caller(const std::string& marker, int ranks) {
+// Starts test_caller with `marker` in its environment and waits until every rank is up;
+// what it printed until then goes into *printed.
+Caller start_caller(const std::string& marker, int ranks, const char* mode = nullptr,
+                    std::string* printed = nullptr) {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
   posix_spawn_file_actions_t actions;
@@ -41,7 +44,8 @@ Caller start_caller(const std::string& marker, int ranks) {
   env.push_back(nullptr);
   const std::string program = caller_program().string();
   const std::string count = std::to_string(ranks);
-  char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(count.c_str()), nullptr};
+  char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(count.c_str()),
+                  const_cast<char*>(mode), nullptr};
   Caller caller;
   EXPECT_EQ(::posix_spawn(&caller.pid, program.c_str(), &actions, nullptr, argv, env.data()), 0);
   posix_spawn_file_actions_destroy(&actions);
@@ -61,6 +65,7 @@ Caller start_caller(const std::string& marker, int ranks) {
     for (std::size_t at = 0; (at = seen.find("] ready", at)) != std::string::npos; ++at) ++ready;
   }
   EXPECT_EQ(ready, ranks) << "ranks never came up: " << seen;
+  if (printed != nullptr) *printed = seen;
   return caller;
 }
 
@@ -113,5 +118,22 @@ TEST_P(Interrupted, TheCallerTearsDownThenDiesOfTheSignal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, Interrupted, ::testing::Values(SIGINT, SIGTERM));
+
+TEST(CallerDeath, ASigtermTheCallerIgnoresLeavesItsCallRunning) {
+  const std::string marker = "ignored-" + std::to_string(::getpid());
+  std::string printed;
+  Caller caller = start_caller(marker, 2, "ignore-sigterm", &printed);
+  ::kill(caller.pid, SIGTERM);
+  int status = 0;
+  ::waitpid(caller.pid, &status, 0);
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(caller.out, buffer, sizeof buffer)) > 0;) {
+    printed.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << ": " << printed;
+  EXPECT_NE(printed.find("the call returned"), std::string::npos) << printed;
+  ::close(caller.out);
+}
 
 }  // namespace
