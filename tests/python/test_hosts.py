@@ -194,6 +194,16 @@ class Slurm:
                 daemon.kill()
                 daemon.wait()
         self.daemons = []
+        # A step's slurmstepd is a daemon of its own (its parent is init), and one whose step
+        # was still running when slurmd went stays: everything the cluster started carries
+        # its configuration in the environment.
+        mine = f"SLURM_CONF={self.conf}"
+        for pid in processes_with_marker(mine):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        wait_until(lambda: processes_with_marker(mine) == [], limit=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
