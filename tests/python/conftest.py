@@ -9,6 +9,14 @@ import pytest
 from process_table import alive, is_fork_server, processes_with_marker, wait_until  # noqa: F401
 
 
+def distributed_error(raised: BaseException):
+    """The sgpu.DistributedError behind what a call raised: itself, or the cause of a rank's
+    own exception raised as itself."""
+    import sgpu
+
+    return raised if isinstance(raised, sgpu.DistributedError) else raised.__cause__
+
+
 @pytest.fixture(autouse=True)
 def sgpu_sandbox(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
     runs = tmp_path / "runs"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sgpu
-from conftest import alive, processes_with_marker, wait_until
+from conftest import alive, distributed_error, processes_with_marker, wait_until
 from sgpu import distributed
 
 
@@ -278,7 +278,7 @@ def test_the_fault_plan_acts_on_python_ranks(plan, kind, rank):
     # a thrown fault comes back as the exception the rank raised, from the DistributedError
     with pytest.raises(Exception) as caught:
         naps.distributed()
-    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    error = distributed_error(caught.value)
     assert error.root_cause.rank == rank
     assert error.root_cause.kind == kind
 

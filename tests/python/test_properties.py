@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sgpu
-from conftest import alive
+from conftest import alive, distributed_error
 from sgpu import distributed
 
 # fault action -> the row's kind
@@ -33,7 +33,7 @@ def test_every_fault_kind_at_any_rank_gives_that_ranks_row(data):
     fn = distributed(gpus=world, tracking=False, sim_faults=f"rank={rank}:{action}@{point}")(naps)
     with pytest.raises(Exception) as caught:
         fn.distributed(10)
-    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    error = distributed_error(caught.value)
     assert isinstance(error, sgpu.DistributedError)
     rows = {row.rank: row for row in error.ranks}
     assert error.root_cause.rank == rank

@@ -7,6 +7,7 @@ import re
 import pytest
 
 import sgpu
+from conftest import distributed_error
 from sgpu import distributed
 
 
@@ -55,7 +56,7 @@ def test_collective_faults_act_in_python_ranks(plan, kind, transport):
                      sim_transport=transport)(all_reduce_ranks)
     with pytest.raises(Exception) as caught:
         fn.distributed(5)
-    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    error = distributed_error(caught.value)
     assert isinstance(error, sgpu.DistributedError)
     assert error.root_cause.rank == rank, str(error)
     assert error.root_cause.kind == kind, str(error)
@@ -157,7 +158,7 @@ def test_a_python_rank_that_skips_a_collective_is_named_at_it(transport, rank, k
         fn.distributed(rank, k)
     # Its k-th collective is the other op: the ranks disagree at #k (shared memory fails
     # them there, a rank's error raised as itself; over Gloo the watchdog judges it).
-    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    error = distributed_error(caught.value)
     assert isinstance(error, sgpu.DistributedError), repr(caught.value)
     assert error.collectives.culprits == (rank,), str(error)
     assert re.search(rf"collective #{k}\b", error.collectives.verdict), error.collectives.verdict
@@ -263,7 +264,7 @@ def test_torchs_flight_recorder_analyzer_finds_the_same_odd_size(transport):
                      sim_transport=transport)(odd_size_at)
     with pytest.raises(Exception) as caught:
         fn.distributed(2, 2)
-    error = caught.value if isinstance(caught.value, sgpu.DistributedError) else caught.value.__cause__
+    error = distributed_error(caught.value)
     assert error.collectives.culprits == (2,), str(error)
     assert "rank 2 called all_reduce of 1025 float32" in error.collectives.verdict
     collectives = _flight_recorder_verdicts(os.path.join(error.run_dir, "flight-recorder"))
