@@ -405,8 +405,8 @@ class ShmBackend final : public c10d::Backend {
                   "all_to_all_single: output and input dtypes differ");
       Dense in(input, "all_to_all_single");
       Dense out(output, "all_to_all_single");
-      std::vector<Piece> sends = split(in, input_splits, "input");
-      std::vector<Piece> receives = split(out, output_splits, "output");
+      std::vector<Piece> sends = split_rows(in, input_splits, "input");
+      std::vector<Piece> receives = split_rows(out, output_splits, "output");
       exchange(sends, receives, in.work.scalar_type());
       out.finish();
     });
@@ -717,8 +717,8 @@ class ShmBackend final : public c10d::Backend {
   }
 
   // The pieces of an all-to-all tensor along dim 0: equal when splits is empty.
-  std::vector<Piece> split(const Dense& t, const std::vector<int64_t>& splits,
-                           const char* which) const {
+  std::vector<Piece> split_rows(const Dense& t, const std::vector<int64_t>& splits,
+                                const char* which) const {
     const int64_t rows = t.work.dim() == 0 ? 1 : t.work.size(0);
     const std::size_t row_bytes = rows == 0 ? 0 : t.bytes() / static_cast<std::size_t>(rows);
     std::vector<int64_t> counts = splits;
