@@ -112,8 +112,14 @@ std::string code_name(const void* address) {
 }
 
 std::string plain_name(const std::string& name) {
-  // A lambda's function ("main::{lambda(int)#1}::_FUN(int)") is named after where it is.
-  if (const auto lambda = name.find("{lambda"); lambda != std::string::npos) {
+  // A lambda's function is named after where it is: "main::{lambda(int)#1}::_FUN(int)"
+  // from GCC, "main::$_0::__invoke(int)" from Clang.
+  auto lambda = name.find("{lambda");
+  if (lambda == std::string::npos) {
+    lambda = name.find("::$_");
+    if (lambda != std::string::npos) lambda += 2;
+  }
+  if (lambda != std::string::npos) {
     std::string enclosing = name.substr(0, lambda);
     if (enclosing.size() >= 2 && enclosing.ends_with("::")) enclosing.resize(enclosing.size() - 2);
     enclosing = enclosing.empty() ? "" : plain_name(enclosing);

@@ -45,6 +45,7 @@ TEST(PlainName, IsTheFunctionsOwnNameWithoutScopeParametersOrTemplates) {
             "in_namespace");
   EXPECT_EQ(plain_name("main::{lambda(int)#1}::_FUN(int)"), "main lambda");
   EXPECT_EQ(plain_name("{lambda(int)#2}::_FUN(int)"), "lambda");
+  EXPECT_EQ(plain_name("(anonymous namespace)::train()::$_0::__invoke(int)"), "train lambda");
   int (*lambda)(int) = [](int x) { return x; };
   EXPECT_EQ(plain_name(code_name(reinterpret_cast<const void*>(lambda))), "TestBody lambda");
 }
