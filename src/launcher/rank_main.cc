@@ -30,6 +30,7 @@
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
 #include "launcher/accounting.h"
+#include "launcher/log_stream.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
 #include "serialize/error_record.h"
@@ -61,6 +62,9 @@ void watch_lifeline(int fd) {
   }
 }
 
+constexpr int kCrashFrames = 16;
+static_assert(kCrashFrames + 4 <= static_cast<int>(LogStream::kTailLines));
+
 void on_crash(int signal) {
   contract::note_abrupt_end();  // NOTE [Abrupt ends]
   // Async-signal-safe: backtrace_symbols_fd writes without allocating.
@@ -69,8 +73,11 @@ void on_crash(int signal) {
   const int n = std::snprintf(head, sizeof head, "sgpu: rank crashed with SIG%s; backtrace:\n",
                               name != nullptr ? name : "?");
   [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, head, static_cast<std::size_t>(n));
-  void* frames[64];
-  const int depth = ::backtrace(frames, 64);
+  // The innermost frames only: the call's error shows the last lines of the rank's stderr
+  // (LogStream::kTailLines), and what the rank wrote just before it crashed must stay in
+  // them. A deep stack (a Python rank's, a test framework's) would push it out.
+  void* frames[kCrashFrames];
+  const int depth = ::backtrace(frames, kCrashFrames);
   ::backtrace_symbols_fd(frames, depth, STDERR_FILENO);
   ::signal(signal, SIG_DFL);
   ::raise(signal);
