@@ -62,6 +62,7 @@ void watch_lifeline(int fd) {
   }
 }
 
+// With the handler's own line, at least three lines of the tail are left to the rank's own.
 constexpr int kCrashFrames = 16;
 static_assert(kCrashFrames + 4 <= static_cast<int>(LogStream::kTailLines));
 
