@@ -79,6 +79,9 @@ backend::Inventory parse_node_spec(std::string_view full_spec) {
       gpu.type = *type;
       gpu.name = std::string(model.device_name) + " (simulated)";
       gpu.memory_bytes = memory;
+      gpu.capability_major = model.capability_major;
+      gpu.capability_minor = model.capability_minor;
+      gpu.multi_processor_count = model.multi_processor_count;
       inventory.gpus.push_back(std::move(gpu));
     }
     if (plus == std::string_view::npos) break;

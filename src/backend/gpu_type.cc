@@ -25,26 +25,28 @@ const std::vector<GpuModel>& gpu_models() {
   // give them (README, "Device memory on sim"); A10 as A10G (NVML reports the same memory),
   // A800 as A100, H800 as H100; H200 as NVML's 143,771 MiB less the H100's 0.54 GiB offset.
   // The rest are estimates: the label's memory less the 1.1% the H100 loses.
+  // Compute capabilities are CUDA's table; SM counts NVIDIA's architecture whitepapers and
+  // product briefs (the SXM variant where there are several: H100 PCIe has 114).
   static const std::vector<GpuModel> models = {
-      {"H100", "NVIDIA H100 80GB HBM3", 80 * kGiB, gib(79.11)},
-      {"H200", "NVIDIA H200", 141 * kGiB, gib(139.86)},
-      {"H20", "NVIDIA H20", 96 * kGiB, gib(94.93)},
-      {"H800", "NVIDIA H800", 80 * kGiB, gib(79.11)},
-      {"GH200", "NVIDIA GH200 480GB", 96 * kGiB, gib(94.93)},
-      {"B200", "NVIDIA B200", 180 * kGiB, gib(178.00)},
-      {"B300", "NVIDIA B300", 270 * kGiB, gib(267.00)},
-      {"GB200", "NVIDIA GB200", 186 * kGiB, gib(183.93)},
-      {"A100", "NVIDIA A100-SXM4-80GB", 80 * kGiB, gib(79.14)},
-      {"A800", "NVIDIA A800-SXM4-80GB", 80 * kGiB, gib(79.14)},
-      {"A40", "NVIDIA A40", 48 * kGiB, gib(47.47)},
-      {"A30", "NVIDIA A30", 24 * kGiB, gib(23.73)},
-      {"A10", "NVIDIA A10", 24 * kGiB, gib(22.30)},
-      {"A10G", "NVIDIA A10G", 24 * kGiB, gib(22.30)},
-      {"L40S", "NVIDIA L40S", 48 * kGiB, gib(47.47)},
-      {"L40", "NVIDIA L40", 48 * kGiB, gib(47.47)},
-      {"L4", "NVIDIA L4", 24 * kGiB, gib(23.73)},
-      {"V100", "Tesla V100-SXM2-32GB", 32 * kGiB, gib(31.64)},
-      {"T4", "Tesla T4", 16 * kGiB, gib(15.82)},
+      {"H100", "NVIDIA H100 80GB HBM3", 80 * kGiB, gib(79.11), 9, 0, 132},
+      {"H200", "NVIDIA H200", 141 * kGiB, gib(139.86), 9, 0, 132},
+      {"H20", "NVIDIA H20", 96 * kGiB, gib(94.93), 9, 0, 78},
+      {"H800", "NVIDIA H800", 80 * kGiB, gib(79.11), 9, 0, 132},
+      {"GH200", "NVIDIA GH200 480GB", 96 * kGiB, gib(94.93), 9, 0, 132},
+      {"B200", "NVIDIA B200", 180 * kGiB, gib(178.00), 10, 0, 148},
+      {"B300", "NVIDIA B300", 270 * kGiB, gib(267.00), 10, 3, 148},
+      {"GB200", "NVIDIA GB200", 186 * kGiB, gib(183.93), 10, 0, 148},
+      {"A100", "NVIDIA A100-SXM4-80GB", 80 * kGiB, gib(79.14), 8, 0, 108},
+      {"A800", "NVIDIA A800-SXM4-80GB", 80 * kGiB, gib(79.14), 8, 0, 108},
+      {"A40", "NVIDIA A40", 48 * kGiB, gib(47.47), 8, 6, 84},
+      {"A30", "NVIDIA A30", 24 * kGiB, gib(23.73), 8, 0, 56},
+      {"A10", "NVIDIA A10", 24 * kGiB, gib(22.30), 8, 6, 72},
+      {"A10G", "NVIDIA A10G", 24 * kGiB, gib(22.30), 8, 6, 80},
+      {"L40S", "NVIDIA L40S", 48 * kGiB, gib(47.47), 8, 9, 142},
+      {"L40", "NVIDIA L40", 48 * kGiB, gib(47.47), 8, 9, 142},
+      {"L4", "NVIDIA L4", 24 * kGiB, gib(23.73), 8, 9, 58},
+      {"V100", "Tesla V100-SXM2-32GB", 32 * kGiB, gib(31.64), 7, 0, 80},
+      {"T4", "Tesla T4", 16 * kGiB, gib(15.82), 7, 5, 40},
   };
   return models;
 }

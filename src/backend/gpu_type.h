@@ -1,7 +1,9 @@
 // GPU types as normalised names: "NVIDIA H100 80GB HBM3" is "H100".
 //
 // One table serves device detection (cuda), node specs (sim), user input
-// (case-insensitive) and the messages of accelerator-mismatch errors.
+// (case-insensitive), the messages of accelerator-mismatch errors, and what torch.cuda
+// answers about a simulated device (NOTE [CUDA on sim]): the C++ and the Python side read
+// these facts here, and nowhere else.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,9 @@ struct GpuModel {
   // out-of-memory message, somewhat below the memory on the label. A simulated device of
   // this type has this much unless its node spec says otherwise.
   std::uint64_t capacity_bytes;
+  int capability_major;  // CUDA compute capability, as torch.cuda.get_device_capability()
+  int capability_minor;
+  int multi_processor_count;  // streaming multiprocessors
 };
 
 // Every type sgpu knows, in table order.

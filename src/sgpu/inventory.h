@@ -23,6 +23,9 @@ struct Gpu {
   std::string type;  // normalised, e.g. "H100"
   std::string name;  // the device's own name, e.g. "NVIDIA H100 80GB HBM3"
   std::uint64_t memory_bytes = 0;
+  int capability_major = 0;  // CUDA compute capability; 0 when not known
+  int capability_minor = 0;
+  int multi_processor_count = 0;  // streaming multiprocessors; 0 when not known
 };
 
 struct Inventory {

@@ -25,6 +25,7 @@ struct Driver {
   decltype(&cuDeviceGet) get = nullptr;
   decltype(&cuDeviceGetName) get_name = nullptr;
   decltype(&cuDeviceTotalMem) total_mem = nullptr;
+  decltype(&cuDeviceGetAttribute) attribute = nullptr;  // optional: capability, SMs
   decltype(&cuGetErrorString) error_string = nullptr;
   std::string load_error;
 };
@@ -44,6 +45,8 @@ const Driver& driver() {
     d.get_name = reinterpret_cast<decltype(&cuDeviceGetName)>(dlsym(d.handle, "cuDeviceGetName"));
     d.total_mem =
         reinterpret_cast<decltype(&cuDeviceTotalMem)>(dlsym(d.handle, "cuDeviceTotalMem_v2"));
+    d.attribute =
+        reinterpret_cast<decltype(&cuDeviceGetAttribute)>(dlsym(d.handle, "cuDeviceGetAttribute"));
     d.error_string =
         reinterpret_cast<decltype(&cuGetErrorString)>(dlsym(d.handle, "cuGetErrorString"));
     if (!d.init || !d.get_count || !d.get || !d.get_name || !d.total_mem) {
@@ -93,6 +96,11 @@ backend::Inventory CudaBackend::inventory(const Options&) const {
     gpu.name = name;
     gpu.type = backend::normalize_device_name(gpu.name);
     gpu.memory_bytes = memory;
+    if (d.attribute != nullptr) {
+      d.attribute(&gpu.capability_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+      d.attribute(&gpu.capability_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+      d.attribute(&gpu.multi_processor_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+    }
     inventory.gpus.push_back(std::move(gpu));
   }
   return inventory;
