@@ -95,6 +95,12 @@ std::unique_ptr<Segment> Segment::join(c10d::Store& store, const std::string& ke
   sizes.channel_bytes = round_up(std::max<std::size_t>(sizes.channel_bytes, 64), 64);
   std::unique_ptr<Segment> segment(new Segment(rank, world, sizes));
   const Offsets offsets(world, sizes);
+  // A group made again under the same name (init_process_group after
+  // destroy_process_group) meets in the same store: each making of it is a generation of
+  // its own, which every member counts to alike (they all join each one once), so no rank
+  // opens a segment an earlier generation left named there.
+  const std::int64_t joined = store.add(key + "/joined", 1);
+  const std::string generation_key = key + "/" + std::to_string((joined - 1) / world);
   int fd = -1;
   if (rank == 0) {
     fd = static_cast<int>(::syscall(SYS_memfd_create, "sgpu-sim-group", MFD_CLOEXEC));
@@ -120,9 +126,9 @@ std::unique_ptr<Segment> Segment::join(c10d::Store& store, const std::string& ke
     std::ostringstream where;
     where << "/proc/" << ::getpid() << "/fd/" << fd << ' ' << token;
     const std::string text = where.str();
-    store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    store.set(generation_key, std::vector<uint8_t>(text.begin(), text.end()));
   } else {
-    const std::vector<uint8_t> bytes = store.get(key);
+    const std::vector<uint8_t> bytes = store.get(generation_key);
     std::istringstream where(std::string(bytes.begin(), bytes.end()));
     std::string path;
     std::uint64_t token = 0;
@@ -151,9 +157,9 @@ std::unique_ptr<Segment> Segment::join(c10d::Store& store, const std::string& ke
   }
   segment->state(rank).pid = static_cast<std::int32_t>(::getpid());
   // Every rank has it open before rank 0 lets go of the descriptor the others open.
-  store.set(key + "/attached/" + std::to_string(rank), std::vector<uint8_t>{1});
+  store.set(generation_key + "/attached/" + std::to_string(rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(key + "/attached/" + std::to_string(r));
+  for (int r = 0; r < world; ++r) keys.push_back(generation_key + "/attached/" + std::to_string(r));
   try {
     store.wait(keys, timeout);
   } catch (...) {
