@@ -3,7 +3,8 @@
 // over the caller's environment), and code in the rank reads them only through
 // read_rank_environment(): the rank helpers (sgpu::global_rank() ...), the process group,
 // the simulated backend's fault plan, the rank logger. The rank's place has torchrun's
-// names, so programs written for torchrun run unchanged; the rest is SGPU_*.
+// names (and DeepSpeed's launcher's), so programs written for torchrun run unchanged; the
+// rest is SGPU_*.
 #pragma once
 
 #include <chrono>
@@ -26,6 +27,10 @@ inline constexpr const char* kGroupWorldSizeVar = "GROUP_WORLD_SIZE";  // nodes
 inline constexpr const char* kRoleWorldSizeVar = "ROLE_WORLD_SIZE";
 inline constexpr const char* kMasterAddrVar = "MASTER_ADDR";
 inline constexpr const char* kMasterPortVar = "MASTER_PORT";
+// DeepSpeed's launcher's: the ranks on this node, the node's place, the nodes.
+inline constexpr const char* kLocalSizeVar = "LOCAL_SIZE";
+inline constexpr const char* kCrossRankVar = "CROSS_RANK";
+inline constexpr const char* kCrossSizeVar = "CROSS_SIZE";
 // sgpu's own.
 inline constexpr const char* kRoleVar = "SGPU_ROLE";  // "rank", "program", "worker" (Python)
 inline constexpr const char* kCallFileVar = "SGPU_CALL_FILE";             // the staged call.bin
@@ -64,7 +69,7 @@ struct RankEnvironment {
   long long recorder_entries = 0;  // the collective ring's size (NOTE [The collective ring])
 
   // NAME, value for every variable above, torchrun's GROUP_RANK, ROLE_RANK and
-  // ROLE_WORLD_SIZE included.
+  // ROLE_WORLD_SIZE and DeepSpeed's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE included.
   std::vector<std::pair<std::string, std::string>> variables() const;
 };
 
