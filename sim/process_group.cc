@@ -12,6 +12,7 @@
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
+#include "sim/cuda/sim_cuda.h"
 #include "sim/faults.h"
 #include "sim/node_spec.h"
 #include "sim/shm/shm_backend.h"
@@ -93,6 +94,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
   const std::string platform = platform_of_spec(spec);  // parses the spec
   std::vector<std::string> variables{
       "SGPU_SIM=" + spec,
+      std::string(cuda::kSimCudaVar) + "=" + (sim_cuda_of(options) ? "on" : "off"),
       std::string(kTransportVar) + "=" + transport_name(chosen_transport(options)),
       std::string(contract::kPlatformVar) + "=" + platform};
   const std::string plan = plan_of(options);
@@ -164,6 +166,10 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(request.store, request.rank,
                                                         request.world_size, options);
+  }
+  if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
+    group = cuda::for_cuda_tensors(std::move(group), request.store,
+                                   rank_transport() == Transport::kGloo);
   }
   if (request.record) group = request.record(std::move(group));
   if (rank_faults().faults.empty()) return group;

@@ -6,6 +6,7 @@
 #include "backend/memory_stats.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
+#include "sim/cuda/sim_cuda.h"
 #include "sim/memory/device_allocator.h"
 #include "sim/node_spec.h"
 
@@ -42,11 +43,24 @@ void SimBackend::bind(int device_index) const {
 }
 
 MemoryStats SimBackend::memory_stats(int device_index) const {
-  const auto stats = memory::device_stats();
+  const auto stats = memory::device_stats(device_index);
   return stats ? backend::memory_stats_of(*stats) : MemoryStats{};
 }
 
-void SimBackend::reset_peak_memory_stats(int device_index) const { memory::reset_peak_stats(); }
+void SimBackend::reset_peak_memory_stats(int device_index) const {
+  memory::reset_peak_stats(device_index);
+}
+
+bool sim_cuda_of(const Options& options) {
+  if (!contract::env_string(cuda::kSimCudaVar).empty()) return cuda::enabled();
+  return options.sim_cuda;
+}
+
+bool SimBackend::serve_cuda(int device_index) const {
+  if (!cuda::enabled()) return false;
+  cuda::serve(parse_node_spec(node_spec_of({})), device_index);
+  return true;
+}
 
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 

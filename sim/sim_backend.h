@@ -1,7 +1,8 @@
 // The simulated backend: CPU processes pretending to be the GPUs of a node spec
 // (sim/node_spec.h). Same inventory type, environment, errors and teardown as "cuda";
-// device() is "cpu", process groups run on CPU tensors through shared memory (sim/shm) or
-// Gloo (sim/process_group.cc). The
+// device() is "cpu" for a C++ rank, process groups run on CPU tensors through shared
+// memory (sim/shm) or Gloo (sim/process_group.cc); a Python rank's cuda devices are the
+// node's GPUs, served by the CPU (NOTE [CUDA on sim], sim/cuda/sim_cuda.h). The
 // node comes from Options::sim_node, else SGPU_SIM, else 8xH100. A fault plan
 // (sim/faults.h) makes chosen ranks fail at chosen points.
 #pragma once
@@ -34,10 +35,17 @@ class SimBackend final : public backend::Backend {
   // The simulated device's figures; empty when it counts nothing.
   MemoryStats memory_stats(int device_index) const override;
   void reset_peak_memory_stats(int device_index) const override;
+  // Serves the node's GPUs as torch's cuda devices from the CPU (sim/cuda/sim_cuda.h)
+  // unless SGPU_SIM_CUDA=off, counting memory on each in device scopes.
+  bool serve_cuda(int device_index) const override;
 };
 
 // The node a call simulates: Options::sim_node, else SGPU_SIM, else kDefaultNodeSpec.
 std::string node_spec_of(const Options& options);
+
+// Whether a call's Python ranks see cuda devices: SGPU_SIM_CUDA when set (ConfigError
+// unless "on" or "off"), else Options::sim_cuda.
+bool sim_cuda_of(const Options& options);
 
 // Whether a simulated device counts memory: SGPU_SIM_MEMORY "on" (or unset) or "off";
 // ConfigError for anything else.

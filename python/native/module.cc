@@ -7,8 +7,11 @@
 // sgpu.errors._from_native. Built with torch's own pybind11, so that c10d objects (the
 // store torch hands a backend's creator, the process group returned to it) cross
 // between this module and torch's.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "backend/gpu_type.h"
 #include "backend/process_group_factory.h"
 #include "collectives/recorder.h"
 #include "contract/front_end.h"
@@ -40,6 +44,7 @@
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
 #include "sgpu/tracking.h"
+#include "sim/cuda/sim_cuda.h"
 
 namespace py = pybind11;
 
@@ -75,6 +80,8 @@ Options options_from(const py::dict& given) {
       options.sim_faults = py::cast<std::string>(value);
     } else if (key == "sim_transport") {
       options.sim_transport = py::cast<std::string>(value);
+    } else if (key == "sim_cuda") {
+      options.sim_cuda = py::cast<bool>(value);
     } else if (key == "runs_dir") {
       options.runs_dir = py::cast<std::string>(value);
     } else if (key == "keep_run_dir") {
@@ -407,6 +414,99 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   return backend::find_backend(env.backend).process_groups().make(request);
 }
 
+// CUDA on sim (NOTE [CUDA on sim] in sim/cuda/sim_cuda.h): what sgpu._sim_cuda asks of the
+// rank's backend, of torch's device guard for CUDA (which serve_cuda() installed on sim),
+// and of sim's memory for the served devices.
+
+const backend::Backend& rank_backend() {
+  return backend::find_backend(contract::read_rank_environment().backend);
+}
+
+// In a Python rank: serves the node's GPUs as torch's cuda devices where the backend does
+// (sim); False where it does not (cuda, or SGPU_SIM_CUDA=off).
+bool serve_cuda() {
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  if (env.backend.empty()) return false;
+  return backend::find_backend(env.backend).serve_cuda(env.device_index);
+}
+
+// Every GPU of the rank's node, as torch.cuda.get_device_properties() describes it.
+py::list cuda_devices() {
+  py::list out;
+  for (const Gpu& gpu : rank_backend().inventory(Options{}).gpus) {
+    const backend::GpuModel* model = backend::find_gpu_model(gpu.type);
+    py::dict d;
+    d["index"] = gpu.index;
+    d["type"] = gpu.type;
+    d["name"] = model != nullptr ? std::string(model->device_name) : gpu.name;
+    d["total_memory"] = gpu.memory_bytes;
+    d["major"] = gpu.capability_major;
+    d["minor"] = gpu.capability_minor;
+    d["multi_processor_count"] = gpu.multi_processor_count;
+    out.append(d);
+  }
+  return out;
+}
+
+const c10::impl::DeviceGuardImplInterface& cuda_guard() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+c10::Device cuda_device(int index) {
+  return {c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)};
+}
+
+// A stream as torch._C._cuda_getCurrentStream() gives it: (id, device index, device type).
+py::tuple stream_tuple(const c10::Stream& stream) {
+  return py::make_tuple(stream.id(), static_cast<int>(stream.device_index()),
+                        static_cast<int>(stream.device_type()));
+}
+
+int resolve_device(int index) { return index < 0 ? cuda_guard().getDevice().index() : index; }
+
+py::tuple cuda_generators(int count) {
+  py::tuple out(count);
+  for (int i = 0; i < count; ++i) {
+    out[i] = py::reinterpret_steal<py::object>(
+        THPGenerator_Wrap(at::globalContext().defaultGenerator(cuda_device(i))));
+  }
+  return out;
+}
+
+void bind_cuda_on_sim(py::module_& m) {
+  m.def("serve_cuda", &serve_cuda);
+  m.def("cuda_devices", &cuda_devices);
+  m.def("cuda_current_device", [] { return static_cast<int>(cuda_guard().getDevice().index()); });
+  m.def("cuda_set_device", [](int index) { cuda_guard().setDevice(cuda_device(index)); });
+  m.def("cuda_exchange_device", [](int index) {
+    if (index < 0) return -1;
+    return static_cast<int>(cuda_guard().exchangeDevice(cuda_device(index)).index());
+  });
+  m.def("cuda_current_stream", [](int index) {
+    return stream_tuple(cuda_guard().getStream(cuda_device(resolve_device(index))));
+  });
+  m.def("cuda_default_stream", [](int index) {
+    return stream_tuple(cuda_guard().getDefaultStream(cuda_device(resolve_device(index))));
+  });
+  m.def("cuda_set_stream", [](std::int64_t id, int index, int type) {
+    cuda_guard().exchangeStream(c10::Stream::unpack3(id, static_cast<c10::DeviceIndex>(index),
+                                                     static_cast<c10::DeviceType>(type)));
+  });
+  m.def("cuda_generators", &cuda_generators);
+  m.def("cuda_memory_stats",
+        [](int index) { return rank_backend().memory_stats(resolve_device(index)); });
+  m.def("cuda_reset_peak_memory_stats",
+        [](int index) { rank_backend().reset_peak_memory_stats(resolve_device(index)); });
+  m.def("cuda_reset_accumulated_memory_stats",
+        [](int index) { sim::cuda::reset_accumulated_memory_stats(resolve_device(index)); });
+  m.def("cuda_empty_cache", [](int index) { sim::cuda::empty_cache(resolve_device(index)); });
+  m.def("cuda_set_memory_fraction", [](double fraction, int index) {
+    sim::cuda::set_memory_fraction(resolve_device(index), fraction);
+  });
+  m.def("cuda_storage_device",
+        [](py::handle storage) { return sim::cuda::device_of(THPStorage_Unpack(storage.ptr())); });
+}
+
 }  // namespace
 }  // namespace sgpu::python
 
@@ -448,6 +548,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
   m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });
   m.def("bind_device", &bind_device);
+  bind_cuda_on_sim(m);
   m.def("write_result", &write_result, py::arg("result"), py::arg("limit"));
   m.def("write_error", &write_error, py::arg("type"), py::arg("message"), py::arg("traceback"),
         py::arg("exception") = py::none());

@@ -108,11 +108,15 @@ node_rank = get_node_rank
 
 
 def device():
-    """The rank's torch.device: cuda:<its GPU> on the cuda backend, cpu on sim and outside a
-    rank."""
+    """The rank's torch.device: cuda:<its GPU> on the cuda backend, and on sim while its cuda
+    devices are the simulated node's (SGPU_SIM_CUDA on, the default, in a Python rank);
+    cpu otherwise, and outside a rank."""
     import torch
 
-    if _in_a_call() and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
+    from sgpu import _sim_cuda
+
+    backend = os.environ.get("SGPU_RANK_BACKEND")
+    if _in_a_call() and (backend == "cuda" or (backend == "sim" and _sim_cuda.install())):
         return torch.device("cuda", _env_int("SGPU_DEVICE_INDEX", 0))
     return torch.device("cpu")
 
@@ -187,15 +191,17 @@ def register_backend() -> None:
     )
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Registers the backend right after torch is first imported (torch imports
-    torch.distributed), so that a rank that never imports torch does not pay for it."""
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs `callback(module)` right after module `name` is first imported (by whoever
+    imports it), so that sgpu does not import it, nor pay for it, before anyone needs it."""
 
-    def __init__(self):
+    def __init__(self, name, callback):
+        self._name = name
+        self._callback = callback
         self._inner = None
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch" or self._inner is not None:
+        if fullname != self._name or self._inner is not None:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
@@ -210,7 +216,20 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        register_backend()
+        self._callback(module)
+
+
+def after_import(name: str, callback) -> None:
+    """`callback(module)` now if module `name` is imported, else right after its import."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _torch_imported(_torch) -> None:
+    register_backend()
+    _serve_cuda_on_sim()
 
 
 def install_process_group_hook() -> None:
@@ -220,10 +239,30 @@ def install_process_group_hook() -> None:
     if _hooked:
         return
     _hooked = True
+    after_import("torch", _torch_imported)
+
+
+def _serve_cuda_on_sim() -> None:
+    """In a rank of a sim launch, torch's cuda devices become the simulated node's GPUs
+    (sgpu._sim_cuda) as soon as torch is imported; a function's rank waits until its
+    device is bound (sgpu._worker)."""
+    if is_rank() and not _bound:
+        return
+    from sgpu import _sim_cuda
+
+    if _sim_cuda.wanted():
+        _sim_cuda.install()
+
+
+_bound = False
+
+
+def device_bound() -> None:
+    """A function's rank has bound its device (sgpu._worker): cuda may be served now."""
+    global _bound
+    _bound = True
     if "torch" in sys.modules:
-        register_backend()
-    else:
-        sys.meta_path.insert(0, _RegisterOnImport())
+        _serve_cuda_on_sim()
 
 
 _hooked = False

@@ -102,6 +102,7 @@ def main() -> None:
         function, args, kwargs = cloudpickle.loads(body)
         _restore_sources(function, header)
         _native.bind_device()
+        _runtime.device_bound()  # cuda on sim, once torch is imported
         result = function(*args, **kwargs)
         try:
             data = cloudpickle.dumps(result)

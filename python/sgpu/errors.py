@@ -3,6 +3,7 @@
     Error                       every sgpu error
       ConfigError               bad options; nothing was started
       AcceleratorMismatchError  the node cannot serve the request; nothing was started
+      NotSimulatedError         code that needs a real GPU ran on simulated ones
       TrackingError             a metric, param or tag MLflow would refuse, or a store
                                 that cannot be used
       DistributedError          a rank failed; .ranks has one RankFailure per rank,
@@ -107,6 +108,11 @@ class HangError(DistributedError):
 
 class CancelledError(DistributedError):
     """The call was cancelled: Handle.cancel(), or an interrupt."""
+
+
+class NotSimulatedError(Error, NotImplementedError):
+    """Code that needs a real GPU ran on simulated ones (CUDA on sim): a CUDA graph, CUDA
+    IPC, NVML, torch.compile's GPU kernels. The message names the API; run it on cuda."""
 
 
 class ResultTooLarge(Error):

@@ -90,7 +90,7 @@ CachingModel::Block* CachingModel::find_free(Pool& pool, std::size_t size) {
 }
 
 CachingModel::Block* CachingModel::new_segment(Pool& pool, std::size_t size) {
-  if (size > capacity_ - reserved_) return nullptr;
+  if (reserved_ > capacity_ || size > capacity_ - reserved_) return nullptr;
   Block* block = new_block();
   block->size = size;
   block->address = next_address_;
@@ -136,6 +136,22 @@ void CachingModel::reset_peak_stats() {
   stats_.oversize_segments.reset_peak();
 }
 
+void CachingModel::reset_accumulated_stats() {
+  for (StatArray* stat :
+       {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *stat) s.reset_accumulated();
+  }
+  stats_.oversize_allocations.reset_accumulated();
+  stats_.oversize_segments.reset_accumulated();
+  stats_.num_alloc_retries = 0;
+  stats_.num_ooms = 0;
+  stats_.num_sync_all_streams = 0;
+  stats_.num_device_alloc = 0;
+  stats_.num_device_free = 0;
+}
+
 CachingModel::Block* CachingModel::malloc(std::size_t requested, OutOfMemory* failure) {
   const std::size_t size = round_size(requested);
   Pool& pool = size <= kSmallSize ? small_ : large_;
@@ -153,7 +169,7 @@ CachingModel::Block* CachingModel::malloc(std::size_t requested, OutOfMemory* fa
       const auto all = static_cast<std::size_t>(StatType::AGGREGATE);
       failure->tried = segment;
       failure->capacity = capacity_;
-      failure->free = capacity_ - reserved_;
+      failure->free = capacity_ > reserved_ ? capacity_ - reserved_ : 0;
       failure->allocated = stats_.allocated_bytes[all].current;
       failure->reserved = stats_.reserved_bytes[all].current;
       return nullptr;

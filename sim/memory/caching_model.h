@@ -68,6 +68,11 @@ class CachingModel {
   void empty_cache();
   // Every peak starts again from its current value (torch.cuda.reset_peak_memory_stats()).
   void reset_peak_stats();
+  // Every accumulated figure starts again from zero
+  // (torch.cuda.reset_accumulated_memory_stats()).
+  void reset_accumulated_stats();
+  // What the device offers from now on; segments already held stay held.
+  void set_capacity(std::uint64_t capacity) { capacity_ = capacity; }
 
   const DeviceStats& stats() const { return stats_; }
   std::uint64_t capacity() const { return capacity_; }

@@ -6,7 +6,10 @@
 #include <c10/util/Exception.h>
 #include <pthread.h>
 
+#include <array>
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 
@@ -18,94 +21,230 @@ namespace {
 // Above the default CPU allocator's priority (0), so ours is the one libtorch hands out.
 constexpr std::uint8_t kPriority = 100;
 
+thread_local int t_device_scope = -1;
+
+// One simulated GPU's memory: the caching allocator's model of it, under a lock.
+struct Device {
+  explicit Device(std::uint64_t capacity) : model(capacity), node_capacity(capacity) {}
+  std::mutex mutex;
+  CachingModel model;
+  std::uint64_t node_capacity;  // before any memory fraction
+};
+
+// What an allocation's DataPtr carries to its release.
+struct Holding {
+  Device* device;
+  CachingModel::Block* block;
+  void* data;
+};
+
 class DeviceAllocator final : public c10::Allocator {
  public:
-  DeviceAllocator(int device, std::uint64_t capacity) : device_(device), model_(capacity) {}
+  DeviceAllocator(int bound, std::uint64_t capacity) : bound_(bound) {
+    devices_.resize(static_cast<std::size_t>(bound) + 1);
+    devices_[bound] = std::make_unique<Device>(capacity);
+  }
+
+  // Counts only inside DeviceScopes from now on, with a model for every device.
+  void count_in_scopes(const std::vector<std::uint64_t>& capacities) {
+    std::lock_guard lock(devices_mutex_);
+    if (devices_.size() < capacities.size()) devices_.resize(capacities.size());
+    for (std::size_t i = 0; i < capacities.size(); ++i) {
+      if (!devices_[i]) devices_[i] = std::make_unique<Device>(capacities[i]);
+    }
+    scoped_ = true;
+  }
+  bool scoped() const { return scoped_; }
 
   c10::DataPtr allocate(std::size_t n) override {
-    if (n == 0 || forked_ || contract::host_memory_depth() > 0) {
+    const int device = scoped_ ? t_device_scope : bound_;
+    if (n == 0 || forked_ || device < 0 || (!scoped_ && contract::host_memory_depth() > 0)) {
       return c10::GetDefaultCPUAllocator()->allocate(n);
     }
+    return allocate_on(device, n);
+  }
+
+  c10::DataPtr allocate_on(int index, std::size_t n) {
+    Device* device = find(index);
+    if (device == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
     OutOfMemory failure;
     CachingModel::Block* block = nullptr;
     {
-      std::lock_guard lock(mutex_);
-      block = model_.malloc(n, &failure);
+      std::lock_guard lock(device->mutex);
+      block = device->model.malloc(n, &failure);
     }
-    if (block == nullptr)
-      C10_THROW_ERROR(OutOfMemoryError, out_of_memory_message(device_, failure));
+    if (block == nullptr) C10_THROW_ERROR(OutOfMemoryError, out_of_memory_message(index, failure));
     void* data = nullptr;
     try {
       data = c10::alloc_cpu(n);
     } catch (...) {
-      std::lock_guard lock(mutex_);
-      model_.free(block);
+      std::lock_guard lock(device->mutex);
+      device->model.free(block);
       throw;
     }
-    CachingModel::set_holder_data(block, data);  // only this tensor's storage reaches it
-    return {data, block, &release, c10::Device(c10::DeviceType::CPU)};
+    auto* holding = new Holding{device, block, data};
+    return {data, holding, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 
-  DeviceStats stats() {
-    std::lock_guard lock(mutex_);
-    return model_.stats();
+  // The device's model under its lock; nullptr when it has none. -1 is the rank's own.
+  Device* find(int index) {
+    if (index < 0) index = bound_;
+    std::lock_guard lock(devices_mutex_);
+    return static_cast<std::size_t>(index) < devices_.size() ? devices_[index].get() : nullptr;
   }
 
-  void reset_peaks() {
-    std::lock_guard lock(mutex_);
-    model_.reset_peak_stats();
+  // pthread_atfork: the child gets the mutexes unlocked and counts nothing from then on.
+  void before_fork() {
+    devices_mutex_.lock();
+    for (auto& device : devices_)
+      if (device) device->mutex.lock();
   }
-
-  // pthread_atfork: the child gets the mutex unlocked and counts nothing from then on.
-  void before_fork() { mutex_.lock(); }
-  void after_fork_in_parent() { mutex_.unlock(); }
+  void after_fork_in_parent() {
+    for (auto& device : devices_)
+      if (device) device->mutex.unlock();
+    devices_mutex_.unlock();
+  }
   void after_fork_in_child() {
-    mutex_.unlock();
+    after_fork_in_parent();
     forked_ = true;
   }
 
  private:
-  static void release(void* context);
+  static void release(void* context) {
+    auto* holding = static_cast<Holding*>(context);
+    {
+      std::lock_guard lock(holding->device->mutex);
+      holding->device->model.free(holding->block);
+    }
+    c10::free_cpu(holding->data);
+    delete holding;
+  }
 
-  const int device_;
-  std::mutex mutex_;
-  CachingModel model_;
+  const int bound_;
+  std::mutex devices_mutex_;
+  std::vector<std::unique_ptr<Device>> devices_;  // by index; those never seen are null
+  std::atomic<bool> scoped_{false};
   bool forked_ = false;
 };
 
 DeviceAllocator* g_allocator = nullptr;  // lives as long as the process
 
-void DeviceAllocator::release(void* context) {
-  auto* block = static_cast<CachingModel::Block*>(context);
-  void* data = CachingModel::holder_data(block);
-  {
-    std::lock_guard lock(g_allocator->mutex_);
-    g_allocator->model_.free(block);
-  }
-  c10::free_cpu(data);
-}
-
-}  // namespace
-
-void install_device_allocator(int device_index, std::uint64_t capacity) {
-  if (g_allocator != nullptr) throw std::logic_error("the simulated device allocator is installed");
+void install(int device_index, std::uint64_t capacity) {
   g_allocator = new DeviceAllocator(device_index, capacity);
   ::pthread_atfork([] { g_allocator->before_fork(); }, [] { g_allocator->after_fork_in_parent(); },
                    [] { g_allocator->after_fork_in_child(); });
   c10::SetCPUAllocator(g_allocator, kPriority);
 }
 
-std::optional<DeviceStats> device_stats() {
-  if (g_allocator == nullptr) return std::nullopt;
-  return g_allocator->stats();
+// Runs `f` on the device's model under its lock; nothing when there is none.
+template <typename F>
+void with_model(int device, F f) {
+  if (g_allocator == nullptr) return;
+  if (Device* d = g_allocator->find(device)) {
+    std::lock_guard lock(d->mutex);
+    f(*d);
+  }
 }
 
-void reset_peak_stats() {
-  if (g_allocator != nullptr) g_allocator->reset_peaks();
+// Allocations of one simulated GPU, wherever they happen: a DataPtr on cuda:N.
+class CudaDeviceAllocator final : public c10::Allocator {
+ public:
+  explicit CudaDeviceAllocator(int device) : device_(device) {}
+  int device() const { return device_; }
+
+  c10::DataPtr allocate(std::size_t n) override {
+    return (g_allocator != nullptr && g_allocator->scoped() && n > 0)
+               ? g_allocator->allocate_on(device_, n)
+               : c10::GetDefaultCPUAllocator()->allocate(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  const int device_;
+};
+
+// One per device index a c10::Device can name, made on first use, never freed: storages
+// keep pointers to them.
+std::array<std::atomic<CudaDeviceAllocator*>, 128> g_cuda_allocators{};
+
+}  // namespace
+
+void install_device_allocator(int device_index, std::uint64_t capacity) {
+  if (g_allocator != nullptr) throw std::logic_error("the simulated device allocator is installed");
+  install(device_index, capacity);
+}
+
+void count_in_device_scopes(int device_index, const std::vector<std::uint64_t>& capacities) {
+  if (g_allocator == nullptr) install(device_index, capacities.at(device_index));
+  g_allocator->count_in_scopes(capacities);
+}
+
+bool counts_in_device_scopes() { return g_allocator != nullptr && g_allocator->scoped(); }
+
+DeviceScope::DeviceScope(int device) : previous_(t_device_scope) { t_device_scope = device; }
+DeviceScope::~DeviceScope() { t_device_scope = previous_; }
+
+c10::Allocator* cuda_device_allocator(int device) {
+  auto& slot = g_cuda_allocators.at(static_cast<std::size_t>(device));
+  CudaDeviceAllocator* allocator = slot.load();
+  if (allocator == nullptr) {
+    auto* made = new CudaDeviceAllocator(device);
+    if (slot.compare_exchange_strong(allocator, made)) {
+      allocator = made;
+    } else {
+      delete made;
+    }
+  }
+  return allocator;
+}
+
+int cuda_device_of(const c10::Allocator* allocator) {
+  for (const auto& slot : g_cuda_allocators) {
+    const CudaDeviceAllocator* candidate = slot.load();
+    if (candidate != nullptr && candidate == allocator) return candidate->device();
+  }
+  return -1;
+}
+
+std::optional<DeviceStats> device_stats(int device) {
+  std::optional<DeviceStats> stats;
+  with_model(device, [&](Device& d) { stats = d.model.stats(); });
+  return stats;
+}
+
+void reset_peak_stats(int device) {
+  with_model(device, [](Device& d) { d.model.reset_peak_stats(); });
+}
+
+void reset_accumulated_stats(int device) {
+  with_model(device, [](Device& d) { d.model.reset_accumulated_stats(); });
+}
+
+void empty_cache(int device) {
+  with_model(device, [](Device& d) { d.model.empty_cache(); });
+}
+
+void set_memory_fraction(int device, double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw std::invalid_argument("a memory fraction is between 0 and 1, got " +
+                                std::to_string(fraction));
+  }
+  with_model(device, [&](Device& d) {
+    d.model.set_capacity(
+        static_cast<std::uint64_t>(static_cast<double>(d.node_capacity) * fraction));
+  });
+}
+
+std::optional<std::uint64_t> capacity(int device) {
+  std::optional<std::uint64_t> bytes;
+  with_model(device, [&](Device& d) { bytes = d.model.capacity(); });
+  return bytes;
 }
 
 std::string format_size(std::uint64_t bytes) {

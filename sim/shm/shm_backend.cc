@@ -37,6 +37,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "sim/cuda/sim_cuda.h"
 #include "sim/shm/reduce.h"
 
 namespace sgpu::sim::shm {
@@ -103,8 +104,10 @@ struct Dense {
   at::Tensor original;
   at::Tensor work;
   explicit Dense(const at::Tensor& t, const char* what) : original(t) {
-    TORCH_CHECK(t.device().is_cpu(), "sgpu's simulated process group takes CPU tensors; ", what,
-                " got one on ", t.device(), " (sgpu::device() is \"cpu\" on sim)");
+    // A cuda tensor's memory is host memory where cuda is served (NOTE [CUDA on sim]).
+    TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && cuda::served()),
+                "sgpu's simulated process group takes CPU tensors; ", what, " got one on ",
+                t.device(), " (sgpu::device() is \"cpu\" in a C++ rank on sim)");
     TORCH_CHECK(t.layout() == c10::kStrided, "sgpu's simulated process group takes dense tensors; ",
                 what, " got a ", t.layout(), " one");
     work = t.is_contiguous() ? t : t.contiguous();

@@ -55,6 +55,13 @@ class Backend {
   // In the rank: every peak figure starts again from its current value. The default does
   // nothing.
   virtual void reset_peak_memory_stats(int device_index) const {}
+
+  // In a Python rank, after bind() (in a program's rank, after its supervisor's
+  // bind_program()): makes torch's "cuda" device type the rank's devices as code written
+  // for a GPU node expects them, with `device_index` the current device. Returns whether
+  // it did. The default does nothing: on cuda they are so already; sim serves the node's
+  // GPUs from the CPU unless SGPU_SIM_CUDA=off (NOTE [CUDA on sim] in sim/cuda/sim_cuda.h).
+  virtual bool serve_cuda(int device_index) const { return false; }
 };
 
 }  // namespace sgpu::backend

@@ -62,6 +62,9 @@ struct Options {
                                    // SGPU_SIM_FAULTS
   std::string sim_transport;       // sim collectives: "shm" (shared memory) or "gloo";
                                    // empty: SGPU_SIM_TRANSPORT, else "shm"
+  bool sim_cuda = true;            // a Python rank's cuda devices on sim are the node's GPUs
+                                   // served by the CPU; false: CPU devices, as a C++ rank's;
+                                   // SGPU_SIM_CUDA=on|off overrides
   std::filesystem::path runs_dir;  // where run folders go; empty: SGPU_RUNS_DIR, else
                                    // $TMPDIR/sgpu-<uid>/runs
   bool keep_run_dir = false;       // keep the run folder after success too

@@ -1,6 +1,8 @@
-"""Simulated GPUs with memory, from Python: a rank's tensors count against its device, past
-the capacity the call raises torch.OutOfMemoryError with CUDA's text, and every call
-reports each rank's figures, in its handle and its MLflow run."""
+"""Simulated GPUs with memory, from Python: a rank's cuda tensors count against their device
+(its CPU tensors are host memory, as on a node), past the capacity the call raises
+torch.OutOfMemoryError with CUDA's text, torch.cuda's figures are the simulated device's,
+and every call reports each rank's figures, in its handle and its MLflow run. With
+sim_cuda=False a rank's CPU tensors are its device's, as a C++ rank's are."""
 
 import mlflow
 import pytest
@@ -16,7 +18,7 @@ def test_past_the_capacity_the_call_raises_torchs_out_of_memory_error():
     @distributed(gpus=2, sim_node="2xH100:64MiB")
     def big(rank):
         if sgpu.get_global_rank() == rank:
-            torch.empty(80 * MiB, dtype=torch.uint8)
+            torch.empty(80 * MiB, dtype=torch.uint8, device="cuda")
         return sgpu.get_global_rank()
 
     with pytest.raises(torch.OutOfMemoryError) as caught:
@@ -29,8 +31,40 @@ def test_past_the_capacity_the_call_raises_torchs_out_of_memory_error():
     assert big.distributed(5) == [0, 1]
 
 
-def test_a_ranks_tensors_count_and_host_memory_does_not():
+def test_cuda_tensors_count_host_tensors_do_not_and_torch_cuda_says_the_same():
     @distributed(gpus=2, tracking=False)
+    def figures():
+        def now():
+            stats = sgpu.memory_stats()
+            return stats["allocated_bytes.all.current"], stats["requested_bytes.all.current"]
+
+        before = now()
+        device = torch.empty(1000, dtype=torch.float32, device="cuda")
+        after = now()
+        host = torch.empty(MiB, dtype=torch.uint8)
+        hosted = now()
+        same = (torch.cuda.memory_allocated(), torch.cuda.memory_stats()) == (
+            after[0], dict(sgpu.memory_stats()))
+        free, total = torch.cuda.mem_get_info()
+        reserved = torch.cuda.memory_reserved()
+        del device, host
+        torch.cuda.reset_peak_memory_stats()
+        stats = sgpu.memory_stats()
+        return (before, after, hosted, same, (free, total, reserved),
+                (stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]))
+
+    for before, after, hosted, same, (free, total, reserved), (peak, current) in (
+            figures.distributed()):
+        assert after[0] - before[0] == 4096  # 4000 bytes, rounded as the caching allocator does
+        assert after[1] - before[1] == 4000
+        assert hosted == after  # a CPU tensor is host memory
+        assert same
+        assert total == int(79.11 * 1024) << 20 and free == total - reserved
+        assert peak == current  # reset: the peak starts again from now
+
+
+def test_with_sim_cuda_off_cpu_tensors_count_and_host_memory_does_not():
+    @distributed(gpus=2, tracking=False, sim_cuda=False)
     def figures():
         def now():
             stats = sgpu.memory_stats()
@@ -46,19 +80,21 @@ def test_a_ranks_tensors_count_and_host_memory_does_not():
         sgpu.reset_peak_memory_stats()
         stats = sgpu.memory_stats()
         return before, after, hosted, (stats["allocated_bytes.all.peak"],
-                                       stats["allocated_bytes.all.current"])
+                                       stats["allocated_bytes.all.current"]), str(sgpu.device())
 
-    for before, after, hosted, (peak, current) in figures.distributed():
-        assert after[0] - before[0] == 4096  # 4000 bytes, rounded as the caching allocator does
+    for before, after, hosted, (peak, current), device in figures.distributed():
+        assert after[0] - before[0] == 4096
         assert after[1] - before[1] == 4000
         assert hosted == after
-        assert peak == current  # reset: the peak starts again from now
+        assert peak == current
+        assert device == "cpu"
 
 
 def test_the_handle_and_the_run_have_each_ranks_peaks():
     @distributed(gpus=3, sim_node="3xA10")
     def grow():
-        kept = torch.zeros((sgpu.get_global_rank() + 1) * 4 * MiB, dtype=torch.uint8)
+        kept = torch.zeros((sgpu.get_global_rank() + 1) * 4 * MiB, dtype=torch.uint8,
+                           device=sgpu.device())
         return int(kept.numel())
 
     handle = grow.launch()

@@ -1,6 +1,7 @@
-"""The notebook's own training function (an MLP with DDP, a DistributedSampler, Adam and
-mlflow.log_metric inside the function) on 8 simulated H100s, changed only where a CPU
-node needs it: the "sgpu" backend, sgpu.device(), and no torch.cuda.set_device."""
+"""The notebook's own training function, as a notebook for an 8xH100 node has it (an MLP
+with DDP, a DistributedSampler, Adam and mlflow.log_metric inside the function; setup()
+with torch.cuda.set_device and "nccl", the model and batches on cuda:LOCAL_RANK,
+DDP(device_ids=[device])), unchanged, on 8 simulated H100s."""
 
 import mlflow
 import pytest
@@ -11,6 +12,8 @@ from sgpu import distributed
 
 @distributed(gpus=8, gpu_type="H100")
 def run_train(num_epochs: int, batch_size: int):
+    import os
+
     import mlflow
     import torch
     import torch.distributed as dist
@@ -18,8 +21,17 @@ def run_train(num_epochs: int, batch_size: int):
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
-    dist.init_process_group("sgpu")
-    device = sgpu.device()
+    def setup():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return local_rank
+
+    def cleanup():
+        dist.destroy_process_group()
+
+    local_rank = setup()
+    device = torch.device(f"cuda:{local_rank}")
     torch.manual_seed(0)
     features = torch.randn(64, 10)
     labels = (features.sum(dim=1) > 0).long()
@@ -27,21 +39,23 @@ def run_train(num_epochs: int, batch_size: int):
     sampler = DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-    model = DDP(model.to(device))
+    model = model.to(device)
+    model = DDP(model, device_ids=[device])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     loss_fn = torch.nn.CrossEntropyLoss()
     step = 0
     for epoch in range(num_epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
-            loss = loss_fn(model(x.to(device)), y.to(device))
+            loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
             if dist.get_rank() == 0:
                 mlflow.log_metric("loss", loss.item(), step=step)
             step += 1
-    dist.destroy_process_group()
+    cleanup()
     return sgpu.get_global_rank()
 
 

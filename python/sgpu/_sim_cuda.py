@@ -1,0 +1,472 @@
+"""CUDA on sim: torch.cuda in a Python rank of a simulated node.
+
+Code written for a GPU node runs here as it is: `torch.cuda.set_device(LOCAL_RANK)`,
+tensors on `cuda:N`, `init_process_group("nccl")`, `DDP(device_ids=[...])`, autocast,
+streams and events, the memory figures. The C++ side (NOTE [CUDA on sim] in
+sim/cuda/sim_cuda.h) makes torch's cuda device type the node's GPUs, served by the CPU:
+tensors, kernels, the device guard, the CUDA hooks, memory. This module puts torch's Python
+entry points that call the CUDA runtime directly (torch._C._cuda_*, torch.cuda's streams
+and events) over it, turns "nccl" into sgpu's simulated transport, and makes what cannot
+be simulated (CUDA graphs, IPC, NVML, compiled GPU kernels) fail naming itself.
+
+It acts in a rank of the sim backend with SGPU_SIM_CUDA on (the default), once torch is
+imported: install() runs from the worker after it binds the device, and from the torch
+import hook (sgpu._runtime) in a program's rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+
+from sgpu import errors
+
+_served = False
+_fractions: dict = {}
+
+
+def served() -> bool:
+    """True once this process's cuda devices are the simulated node's GPUs."""
+    return _served
+
+
+def wanted() -> bool:
+    """Whether this process is a rank of a sim launch that serves cuda (it may not be yet)."""
+    if os.environ.get("SGPU_RANK_BACKEND") != "sim" or not os.environ.get("SGPU_RANK_DIR"):
+        return False
+    if os.environ.get("SGPU_ROLE") == "fork-server":  # its ranks serve cuda themselves
+        return False
+    return os.environ.get("SGPU_SIM_CUDA", "on") != "off"
+
+
+def install() -> bool:
+    """Serves cuda in this rank (torch must be imported): False where the backend does not
+    (cuda ranks, SGPU_SIM_CUDA=off, outside a sim rank). Once per process."""
+    global _served
+    if _served:
+        return True
+    if not wanted():
+        return False
+    from sgpu import _native
+
+    if not _native.serve_cuda():
+        return False
+    import torch
+
+    count = len(_native.cuda_devices())
+    _patch_device_calls(torch, _native, count)
+    _patch_streams(torch, _native)
+    _patch_memory(torch, _native, count)
+    _patch_distributed()
+    _patch_not_simulated(torch)
+    _patch_extensions(torch, _native)
+    _served = True
+    torch.cuda._lazy_init()  # runs what torch queued for it (seeds, capability checks)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    return True
+
+
+def not_simulated(api: str, why: str) -> errors.NotSimulatedError:
+    return errors.NotSimulatedError(
+        f"{api} {why}, so it cannot run on simulated GPUs (CUDA on sim runs torch's "
+        "operators on the CPU). Run this code on the cuda backend (a GPU node), or keep "
+        f"{api} out of what runs on sim"
+    )
+
+
+class _DeviceProperties:
+    """What torch.cuda.get_device_properties() says of a simulated GPU."""
+
+    def __init__(self, facts: dict):
+        self.name = facts["name"]
+        self.major = facts["major"]
+        self.minor = facts["minor"]
+        self.multi_processor_count = facts["multi_processor_count"]
+        self.total_memory = facts["total_memory"]
+        self.is_integrated = 0
+        self.is_multi_gpu_board = 0
+        self.max_threads_per_multi_processor = 2048
+        self.gcnArchName = facts["name"]
+        self.warp_size = 32
+        self.uuid = f"00000000-0000-0000-0000-{facts['index']:012d}"
+        self.L2_cache_size = 0
+        self.clock_rate = 0
+        self.memory_clock_rate = 0
+        self.memory_bus_width = 0
+        self.shared_memory_per_block = 49152
+        self.shared_memory_per_multiprocessor = 0
+        self.type = facts["type"]
+
+    def __repr__(self) -> str:
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+            "simulated=True)"
+        )
+
+
+def _patch_device_calls(torch, native, count: int) -> None:
+    devices = [_DeviceProperties(facts) for facts in native.cuda_devices()]
+
+    def cuda_init():
+        torch.cuda.default_generators = native.cuda_generators(count)
+        torch.cuda._get_device_properties = lambda index: devices[index]
+
+    def set_device(index):
+        if index >= 0:
+            native.cuda_set_device(index)
+
+    C = torch._C
+    C._cuda_init = cuda_init
+    C._cuda_getDeviceCount = lambda: count
+    C._cuda_getDevice = native.cuda_current_device
+    C._cuda_setDevice = set_device
+    C._cuda_exchangeDevice = native.cuda_exchange_device
+    C._cuda_maybeExchangeDevice = native.cuda_exchange_device
+    C._cuda_synchronize = lambda: None
+    C._cuda_canDeviceAccessPeer = lambda device, peer: device != peer
+    C._cuda_isInBadFork = lambda: False
+    # torch.cuda keeps its own names for these.
+    torch.cuda._exchange_device = native.cuda_exchange_device
+    torch.cuda._maybe_exchange_device = native.cuda_exchange_device
+    torch.cuda._is_in_bad_fork = lambda: torch._C._cuda_isInBadFork()
+    torch.cuda._device_count_nvml = lambda: -1
+    torch.cuda._device_count_amdsmi = lambda: -1
+    torch.cuda._cached_device_count = None
+    import torch.cuda.graphs as graphs
+
+    graphs._cuda_isCurrentStreamCapturing = lambda: False
+    C._cuda_isCurrentStreamCapturing = lambda: False
+
+
+def _patch_streams(torch, native) -> None:
+    class Stream(torch.Stream):
+        """torch.cuda.Stream on a simulated GPU: work is done when it is issued, so a stream
+        orders nothing and every wait returns at once."""
+
+        def __new__(cls, device=None, priority=0, **kwargs):
+            if kwargs.get("stream_id") is not None:
+                return super().__new__(cls, **kwargs)
+            with torch.cuda.device(device):
+                index = torch.cuda.current_device()
+            return super().__new__(cls, device=torch.device("cuda", index), priority=priority)
+
+        def wait_event(self, event) -> None:
+            event.wait(self)
+
+        def wait_stream(self, stream) -> None:
+            self.wait_event(stream.record_event())
+
+        def record_event(self, event=None):
+            event = Event() if event is None else event
+            event.record(self)
+            return event
+
+        def query(self) -> bool:
+            return True
+
+        def synchronize(self) -> None:
+            pass
+
+        @property
+        def cuda_stream(self) -> int:
+            return self.stream_id
+
+        def __repr__(self) -> str:
+            return f"<torch.cuda.Stream device={self.device} cuda_stream={self.stream_id:#x}>"
+
+    class ExternalStream(Stream):
+        def __new__(cls, stream_ptr, device=None, **kwargs):
+            raise not_simulated("torch.cuda.ExternalStream", "wraps a stream of the CUDA runtime")
+
+    class EventType(type):
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, torch.Event) and obj.device.type == "cuda"
+
+    class Event(metaclass=EventType):
+        """torch.cuda.Event on a simulated GPU: a torch.Event on cuda (torch's methods take
+        no subclass of it), recorded when issued; elapsed_time() is the wall clock's between
+        two records."""
+
+        def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+            if interprocess:
+                raise not_simulated("torch.cuda.Event(interprocess=True)", "is CUDA IPC")
+            return torch.Event(device="cuda", enable_timing=enable_timing, blocking=blocking)
+
+        @classmethod
+        def from_ipc_handle(cls, device, handle):
+            raise not_simulated("torch.cuda.Event.from_ipc_handle", "is CUDA IPC")
+
+    def set_stream(stream_id=0, device_index=0, device_type=1):
+        native.cuda_set_stream(stream_id, device_index, device_type)
+
+    C = torch._C
+    C._cuda_getCurrentStream = native.cuda_current_stream
+    C._cuda_getDefaultStream = native.cuda_default_stream
+    C._cuda_setStream = set_stream
+    import torch.cuda.streams as streams
+
+    for module in (torch.cuda, streams):
+        module.Stream = Stream
+        module.Event = Event
+        module.ExternalStream = ExternalStream
+
+
+def _nested(flat: dict) -> dict:
+    """sgpu's flat figures ("allocated_bytes.all.peak") as torch._C._cuda_memoryStats nests
+    them, which torch.cuda.memory_stats() flattens back."""
+    out: dict = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _patch_memory(torch, native, count: int) -> None:
+    def device_index(device=None) -> int:
+        if device is None:
+            return -1
+        return torch.cuda._get_device_index(device, optional=True)
+
+    def memory_stats(device):
+        return _nested(native.cuda_memory_stats(device_index(device)))
+
+    def empty_cache():
+        for index in range(count):
+            native.cuda_empty_cache(index)
+
+    def set_fraction(fraction, device):
+        index = device_index(device)
+        if index < 0:
+            index = native.cuda_current_device()
+        native.cuda_set_memory_fraction(fraction, index)
+        _fractions[index] = fraction
+
+    def get_fraction(device):
+        index = device_index(device)
+        return _fractions.get(native.cuda_current_device() if index < 0 else index, 1.0)
+
+    def mem_get_info(device=None):
+        index = device_index(device)
+        if index < 0:
+            index = native.cuda_current_device()
+        stats = native.cuda_memory_stats(index)
+        total = torch.cuda.get_device_properties(index).total_memory
+        total = int(total * _fractions.get(index, 1.0))
+        return max(total - stats.get("reserved_bytes.all.current", 0), 0), total
+
+    def snapshot(*args, **kwargs):
+        return {"segments": [], "device_traces": [[] for _ in range(count)]}
+
+    C = torch._C
+    C._cuda_memoryStats = memory_stats
+    C._cuda_resetPeakMemoryStats = lambda device: native.cuda_reset_peak_memory_stats(
+        device_index(device)
+    )
+    C._cuda_resetAccumulatedMemoryStats = lambda device: (
+        native.cuda_reset_accumulated_memory_stats(device_index(device))
+    )
+    C._cuda_emptyCache = empty_cache
+    C._cuda_setMemoryFraction = set_fraction
+    C._cuda_getMemoryFraction = get_fraction
+    C._cuda_memorySnapshot = snapshot
+    C._cuda_record_memory_history = lambda *args, **kwargs: None
+    C._cuda_record_memory_history_legacy = lambda *args, **kwargs: None
+    import torch.cuda.memory as memory
+
+    for module in (torch.cuda, memory):
+        module.mem_get_info = mem_get_info
+
+    # A cuda tensor's storage is host memory whose own device is the CPU's (NOTE [CUDA on
+    # sim]): torch.save's location, storage.device and storage.is_cuda ask it this way.
+    base_device = torch._C.StorageBase.device
+
+    def storage_device(self):
+        index = native.cuda_storage_device(self)
+        return torch.device("cuda", index) if index >= 0 else base_device.__get__(self)
+
+    torch.UntypedStorage.device = property(storage_device)
+
+    # torch makes a cuda storage with CUDA's caching allocator itself (torch.load's
+    # restore, storage.cuda()): a simulated one comes from a cuda tensor's.
+    make = torch._C.StorageBase.__new__
+
+    def new_storage(cls, *args, device=None, **kwargs):
+        if device is None or torch.device(device).type != "cuda" or cls is not torch.UntypedStorage:
+            return make(cls, *args, **({"device": device} if device is not None else {}), **kwargs)
+        size = args[0] if args and isinstance(args[0], int) else 0
+        storage = torch.empty(size, dtype=torch.uint8, device=device).untyped_storage()
+        if args and not isinstance(args[0], int):  # a sequence of bytes
+            data = torch.UntypedStorage(*args, **kwargs)
+            storage = torch.empty(len(data), dtype=torch.uint8, device=device).untyped_storage()
+            storage.copy_(data)
+        return storage
+
+    torch.UntypedStorage.__new__ = new_storage
+
+
+def _patch_distributed() -> None:
+    """"nccl" (alone, or a device's in "cpu:gloo,cuda:nccl", or the default's for cuda) is
+    sgpu's simulated transport, through the "sgpu" backend, so the recorder, the fault plan,
+    the hang verdicts and the accounting act on it; dist.get_backend() still says what it
+    would say on a node."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    from sgpu import _runtime
+
+    _runtime.register_backend()
+    original = c10d._new_process_group_helper
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def new_process_group_helper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        backend = bound.arguments["backend"]
+        translated = _simulated_backend(c10d, backend)
+        if translated is None:
+            return original(*args, **kwargs)
+        bound.arguments["backend"] = c10d.Backend(translated)
+        bound.arguments["backend_options"] = None  # NCCL's options mean nothing here
+        pg, prefix_store = original(*bound.args, **bound.kwargs)
+        if pg in c10d._world.pg_map:
+            c10d._world.pg_map[pg] = (backend, prefix_store)
+            c10d._world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))
+        return pg, prefix_store
+
+    c10d._new_process_group_helper = new_process_group_helper
+
+
+def _simulated_backend(c10d, backend):
+    """The backend spec with "nccl" made "sgpu"; None when it names no NCCL."""
+    mapping = c10d.BackendConfig(c10d.Backend(backend) if backend else c10d.Backend.UNDEFINED)
+    devices = mapping.get_device_backend_map()
+    if "nccl" not in devices.values():
+        return None
+    return ",".join(
+        f"{device}:{'sgpu' if name == 'nccl' else name}" for device, name in devices.items()
+    )
+
+
+def _raiser(api: str, why: str):
+    def fail(*args, **kwargs):
+        raise not_simulated(api, why)
+
+    return fail
+
+
+def _patch_not_simulated(torch) -> None:
+    import torch.cuda.graphs as graphs
+
+    class CUDAGraph:
+        def __new__(cls, *args, **kwargs):
+            raise not_simulated("torch.cuda.CUDAGraph", "captures and replays CUDA kernels")
+
+    for module in (torch.cuda, graphs):
+        module.CUDAGraph = CUDAGraph
+        module.graph = _raiser("torch.cuda.graph", "captures CUDA kernels")
+        module.make_graphed_callables = _raiser(
+            "torch.cuda.make_graphed_callables", "captures CUDA kernels"
+        )
+        module.graph_pool_handle = _raiser("torch.cuda.graph_pool_handle", "is a CUDA graph pool")
+    for name in ("utilization", "temperature", "power_draw", "clock_rate", "memory_usage",
+                 "device_memory_used", "list_gpu_processes"):
+        if hasattr(torch.cuda, name):
+            setattr(torch.cuda, name, _raiser(f"torch.cuda.{name}", "asks NVML about the GPU"))
+    import torch.cuda.comm as comm
+
+    for name in ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced",
+                 "scatter", "gather"):
+        setattr(comm, name, _raiser(f"torch.cuda.comm.{name}",
+                                    "moves tensors between GPUs of one process with NCCL"))
+    torch.UntypedStorage._share_cuda_ = _raiser(
+        "Sending a cuda tensor to another process (CUDA IPC)", "shares GPU memory by handle"
+    )
+    _patch_compile(torch)
+
+
+def _patch_compile(torch) -> None:
+    """torch.compile's backends compile GPU kernels (Triton) for cuda inputs: a compiled
+    function given cuda tensors fails naming torch.compile; CPU inputs compile as usual."""
+    compile_ = torch.compile
+
+    @functools.wraps(compile_)
+    def compile(model=None, *, backend="inductor", mode=None, options=None, **kwargs):
+        if mode is None and options is None:
+            real = backend
+        elif backend == "inductor":
+            real = torch._TorchCompileInductorWrapper(mode, options, kwargs.get("dynamic"))
+        else:
+            real = torch._TorchCompileWrapper(backend, mode, options, kwargs.get("dynamic"))
+
+        def simulated(gm, example_inputs):
+            if any(getattr(x, "is_cuda", False) for x in example_inputs):
+                raise not_simulated(
+                    f"torch.compile (backend {backend!r})", "compiles GPU kernels for cuda inputs"
+                )
+            compiler = torch._dynamo.lookup_backend(real) if isinstance(real, str) else real
+            return compiler(gm, example_inputs)
+
+        simulated.__name__ = f"sim_{backend if isinstance(backend, str) else 'backend'}"
+        return compile_(model, backend=simulated, **kwargs)
+
+    torch.compile = compile
+    # Inductor asks Triton's CUDA driver about the GPU whenever cuda looks available, even to
+    # compile for the CPU; Triton itself is what cannot run here.
+    import torch.utils._triton as triton_utils
+
+    triton_utils.has_triton = lambda: False
+    triton_utils.has_triton_package = lambda: False
+
+    from sgpu import _runtime
+
+    def patch_triton(jit) -> None:
+        jit.JITFunction.run = _raiser("A Triton kernel", "is compiled for and launched on a GPU")
+
+    _runtime.after_import("triton.runtime.jit", patch_triton)
+
+
+def _patch_extensions(torch, native) -> None:
+    """Operators a library registers after install() (torch.ops.load_library, a C++ extension
+    built with torch.utils.cpp_extension) get the CPU path, or fail naming themselves when
+    they have only a CUDA kernel."""
+    load_library = torch.ops.load_library
+
+    @functools.wraps(load_library)
+    def load(path):
+        load_library(path)
+        native.serve_cuda()  # served already: covers the operators registered since
+
+    torch.ops.load_library = load
+
+    def patch_cpp_extension(cpp_extension):
+        for name in ("load", "load_inline"):
+            original = getattr(cpp_extension, name)
+
+            def covered(*args, _original=original, **kwargs):
+                module = _original(*args, **kwargs)
+                native.serve_cuda()
+                return module
+
+            setattr(cpp_extension, name, functools.wraps(original)(covered))
+
+    from sgpu import _runtime
+
+    _runtime.after_import("torch.utils.cpp_extension", patch_cpp_extension)
+
+
+def _after_fork_in_child() -> None:
+    # As on a node: CUDA does not survive a fork (a DataLoader worker).
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch._C._cuda_isInBadFork = lambda: True
+        torch.cuda._initialized = False

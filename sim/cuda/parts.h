@@ -1,0 +1,26 @@
+// The pieces serve() installs (NOTE [CUDA on sim]), each in its own file.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace sgpu::sim::cuda {
+
+// guard.cc: torch's device guard for CUDA, over `count` devices; the calling thread's
+// current device becomes `current`.
+void install_guard(int count, int current);
+// The calling thread's current device (what cudaGetDevice() would say).
+c10::DeviceIndex current_device();
+
+// hooks.cc: at::detail::getCUDAHooks() answers for `count` simulated devices.
+void install_hooks(int count);
+
+// redirect.cc: a CPU tensor over a cuda tensor's storage, with its sizes, strides and
+// offset: what a CPU kernel (or a CPU-only transport) is given for it.
+at::Tensor cpu_view(const at::Tensor& cuda);
+
+// redirect.cc: the CUDA kernel of every operator registered so far runs its CPU kernel;
+// returns how many operators it covered this time.
+int cover_operators();
+
+}  // namespace sgpu::sim::cuda

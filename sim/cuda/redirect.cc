@@ -1,0 +1,392 @@
+// Every operator's CUDA kernel on sim (NOTE [CUDA on sim]): the CPU kernel, run on CPU
+// views of the cuda tensors' storage.
+//
+// One boxed kernel serves every operator: it checks the devices of the tensors as CUDA's
+// kernels do, replaces each cuda tensor on the stack by a CPU view of the same storage
+// (same sizes, strides and offset), makes a random operator given no generator draw from
+// the device's (DeviceDraws), runs the operator's CPU kernel inside the output device's DeviceScope
+// (so what it allocates is that device's memory), and hands back cuda tensors: an
+// argument the operator returns (in place, out=) as the tensor the caller gave, with any
+// metadata the CPU kernel changed (resize_, set_) carried over; a new tensor, or a view,
+// as a cuda tensor over its storage, whose allocator becomes the device's so it grows
+// there and says whose it is (device_of).
+//
+// A storage's own device stays the CPU's: views made inside a CPU kernel take their
+// device from their storage and must be CPU tensors there. A cuda tensor says its device
+// itself (CudaTensorImpl), and so views of it go through this kernel too, which makes
+// them cuda tensors over the same storage.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/native/transformers/attention.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "sim/cuda/parts.h"
+#include "sim/memory/device_allocator.h"
+
+namespace sgpu::sim::cuda {
+namespace {
+
+// A tensor on cuda:N over a storage in host memory: its device is its own, where a plain
+// TensorImpl takes its storage's. Copies of its metadata (detach, .data, set_data) carry
+// the device over.
+class CudaTensorImpl final : public c10::TensorImpl {
+ public:
+  CudaTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, c10::Device device)
+      : TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype) {
+    device_opt_ = device;
+  }
+};
+
+// The storage is memory of `device` from now on: it grows there, and says so (device_of).
+void claim(c10::StorageImpl* storage, c10::Device device) {
+  c10::Allocator* allocator = memory::cuda_device_allocator(device.index());
+  if (storage->allocator() != allocator) storage->set_allocator(allocator);
+}
+
+// A cuda tensor on `device` over the storage of `cpu` (made by a CPU kernel).
+at::Tensor as_cuda(const at::Tensor& cpu, c10::Device device) {
+  claim(cpu.storage().unsafeGetStorageImpl(), device);
+  auto impl = c10::make_intrusive<CudaTensorImpl>(c10::Storage(cpu.storage()), cpu.dtype(), device);
+  impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// Operators that take host tensors beside cuda ones on a GPU: copies between devices, and
+// indexing, whose CUDA kernels move CPU indices over.
+bool takes_host_tensors(const c10::OperatorName& name) {
+  static const std::set<std::string> names = {
+      "aten::copy_",     "aten::_copy_from",    "aten::_copy_from_and_resize",
+      "aten::index",     "aten::index_put_",    "aten::_index_put_impl_",
+      "aten::index_put", "aten::_unsafe_index", "aten::_unsafe_index_put"};
+  return names.count(name.name) != 0;
+}
+
+// "aten::addmm" -> "wrapper_CUDA_addmm", as CUDA's generated kernels name themselves.
+std::string kernel_name(const c10::OperatorHandle& op) {
+  const std::string& name = op.schema().name();
+  return "wrapper_CUDA_" + name.substr(name.find("::") + 2);
+}
+
+[[noreturn]] void devices_differ(c10::Device common, c10::Device other,
+                                 const c10::OperatorHandle& op, const std::string& argument) {
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              common, " and ", other, "! (when checking argument for argument ", argument,
+              " in method ", kernel_name(op), ")");
+}
+
+// Random operators that take no generator: they draw from the CPU's default one.
+bool draws_without_a_generator(const c10::OperatorName& name) {
+  static const std::set<std::string> names = {
+      "aten::rand",         "aten::randn",          "aten::randint",
+      "aten::randperm",     "aten::rand_like",      "aten::randn_like",
+      "aten::randint_like", "aten::native_dropout", "aten::_fused_dropout"};
+  return names.count(name.name) != 0;
+}
+
+// While alive, the CPU's default generator draws the numbers of simulated GPU `device`'s
+// generator: what a random operator on cuda:N draws, the operators its CPU kernel calls
+// included, comes from cuda:N's generator (seeded by torch.cuda.manual_seed, read by
+// torch.cuda.get_rng_state), and the CPU's own sequence is left where it was.
+class DeviceDraws {
+ public:
+  explicit DeviceDraws(c10::Device device)
+      : serial_(mutex()),
+        cpu_(at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator())),
+        device_(at::check_generator<at::CPUGeneratorImpl>(
+            at::globalContext().defaultGenerator(device))) {
+    State drawn;
+    {
+      std::lock_guard lock(device_->mutex_);
+      drawn = take(device_);
+    }
+    std::lock_guard lock(cpu_->mutex_);
+    saved_ = take(cpu_);
+    put(cpu_, drawn);
+  }
+  ~DeviceDraws() {
+    State drawn;
+    {
+      std::lock_guard lock(cpu_->mutex_);
+      drawn = take(cpu_);
+      put(cpu_, saved_);
+    }
+    std::lock_guard lock(device_->mutex_);
+    put(device_, drawn);
+  }
+  DeviceDraws(const DeviceDraws&) = delete;
+  DeviceDraws& operator=(const DeviceDraws&) = delete;
+
+ private:
+  struct State {
+    at::mt19937 engine;
+    std::optional<float> next_float;
+    std::optional<double> next_double;
+  };
+  static State take(at::CPUGeneratorImpl* g) {
+    return {g->engine(), g->next_float_normal_sample(), g->next_double_normal_sample()};
+  }
+  static void put(at::CPUGeneratorImpl* g, const State& s) {
+    g->set_engine(s.engine);
+    g->set_next_float_normal_sample(s.next_float);
+    g->set_next_double_normal_sample(s.next_double);
+  }
+  static std::mutex& mutex() {
+    static std::mutex serial;  // one device's draws at a time
+    return serial;
+  }
+
+  std::lock_guard<std::mutex> serial_;
+  at::CPUGeneratorImpl* cpu_;
+  at::CPUGeneratorImpl* device_;
+  State saved_;
+};
+
+bool is_optional_generator(const c10::Argument& argument) {
+  const c10::TypePtr& type = argument.type();
+  if (type->kind() != c10::TypeKind::OptionalType) return false;
+  return type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+         c10::TypeKind::GeneratorType;
+}
+
+// One call of run_on_cpu: the stack rewritten for the CPU, and what to give back.
+class Call {
+ public:
+  Call(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : op_(op), stack_(*stack), host_ok_(takes_host_tensors(op.operator_name())) {}
+
+  void run() {
+    const auto& arguments = op_.schema().arguments();
+    const std::size_t first = stack_.size() - arguments.size();
+    for (std::size_t i = 0; i < arguments.size(); ++i) take(stack_[first + i], arguments[i]);
+    std::optional<DeviceDraws> draws;
+    if ((generator_given_none_ || draws_without_a_generator(op_.operator_name())) &&
+        out_device().is_cuda()) {
+      draws.emplace(out_device());
+    }
+    {
+      memory::DeviceScope scope(out_device().is_cuda() ? out_device().index() : -1);
+      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    }
+    draws.reset();
+    const std::size_t returned = op_.schema().returns().size();
+    for (std::size_t j = stack_.size() - returned; j < stack_.size(); ++j) give_back(stack_[j]);
+    carry_metadata();
+  }
+
+ private:
+  c10::Device out_device() const {
+    if (target_) return *target_;
+    if (device_) return *device_;
+    return {c10::DeviceType::CUDA, current_device()};
+  }
+
+  void take(c10::IValue& value, const c10::Argument& argument) {
+    if (value.isTensor()) {
+      value = take_tensor(value.toTensor(), argument);
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> list = value.toTensorList();
+      c10::List<at::Tensor> views;
+      views.reserve(list.size());
+      for (const at::Tensor& t : list) views.push_back(take_tensor(t, argument));
+      value = std::move(views);
+    } else if (value.isList()) {  // Tensor?[]
+      c10::List<c10::IValue> list = value.toList();
+      if (list.empty() || !(list.get(0).isTensor() || list.get(0).isNone())) return;
+      c10::impl::GenericList views(list.elementType());
+      for (const c10::IValue& e : list)
+        views.push_back(e.isTensor() ? c10::IValue(take_tensor(e.toTensor(), argument)) : e);
+      value = std::move(views);
+    } else if (value.isDevice()) {
+      c10::Device device = value.toDevice();
+      if (device.is_cuda()) {
+        if (!device.has_index()) device = {c10::DeviceType::CUDA, current_device()};
+        value = c10::Device(c10::DeviceType::CPU);
+      }
+      target_ = device;
+    } else if (value.isNone() && is_optional_generator(argument)) {
+      generator_given_none_ = true;
+    }
+  }
+
+  at::Tensor take_tensor(const at::Tensor& t, const c10::Argument& argument) {
+    if (!t.defined()) return t;
+    const c10::Device device = t.device();
+    if (device.is_cuda()) {
+      check_device(device, argument);
+      at::Tensor view = cpu_view(t);
+      views_.emplace_back(view, t);
+      return view;
+    }
+    // A CPU scalar (0-dim) is a number to CUDA's kernels; a CPU tensor is not.
+    if (!host_ok_ && t.dim() > 0) check_device(device, argument);
+    hosts_.push_back(t.storage().unsafeGetStorageImpl());
+    return t;
+  }
+
+  void check_device(c10::Device device, const c10::Argument& argument) {
+    if (!common_) {
+      common_ = device;
+    } else if (*common_ != device) {
+      devices_differ(*common_, device, op_, argument.name());
+    }
+    if (device.is_cuda()) device_ = device;
+  }
+
+  void give_back(c10::IValue& value) {
+    if (value.isTensor()) {
+      value = back(value.toTensor());
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> list = value.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(back(t));
+      value = std::move(out);
+    }
+  }
+
+  at::Tensor back(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    for (const auto& [view, original] : views_) {
+      if (view.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return original;
+    }
+    const c10::Device device = out_device();
+    if (!device.is_cuda()) return t;
+    for (const c10::StorageImpl* host : hosts_) {  // a host argument handed back as it is
+      if (t.storage().unsafeGetStorageImpl() == host) return t;
+    }
+    return as_cuda(t, device);
+  }
+
+  // What the CPU kernel changed of a cuda argument's TensorImpl (resize_, set_, out=),
+  // onto the argument itself. (TensorImpl::set_storage_keep_dtype would take the storage's
+  // device, the CPU's: the metadata comes over from a cuda tensor instead.)
+  void carry_metadata() {
+    for (auto& [view, original] : views_) {
+      const c10::TensorImpl* from = view.unsafeGetTensorImpl();
+      c10::TensorImpl* to = original.unsafeGetTensorImpl();
+      const bool same_storage = from->storage().is_alias_of(to->storage());
+      claim(from->storage().unsafeGetStorageImpl(), original.device());
+      if (same_storage && from->sizes() == to->sizes() && from->strides() == to->strides() &&
+          from->storage_offset() == to->storage_offset()) {
+        continue;
+      }
+      to->shallow_copy_from(as_cuda(view, original.device()).getIntrusivePtr());
+    }
+  }
+
+  const c10::OperatorHandle& op_;
+  torch::jit::Stack& stack_;
+  const bool host_ok_;
+  std::optional<c10::Device> common_;  // the first tensor's device, as CUDA's checks keep it
+  std::optional<c10::Device> device_;  // the cuda device of the tensors
+  std::optional<c10::Device> target_;  // a device argument (a factory's, or _to_copy's)
+  bool generator_given_none_ = false;  // a random operator, to draw from the device's
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> views_;  // CPU view, cuda original
+  c10::SmallVector<const c10::StorageImpl*, 2> hosts_;
+};
+
+void run_on_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  Call(op, stack).run();
+}
+
+// An operator with a CUDA kernel and no CPU one: custom kernels, cuDNN, flash attention.
+void not_simulated(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+  C10_THROW_ERROR(NotImplementedError,
+                  "sgpu: " + op.schema().name() +
+                      " has a CUDA kernel and no CPU one, so it cannot run on simulated GPUs "
+                      "(CUDA on sim runs each operator's CPU kernel). Run this code on the cuda "
+                      "backend (a GPU node), or keep this operator out of what runs on sim");
+}
+
+// Streams are names on sim: there is nothing to keep alive for one.
+void nothing(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*) {}
+
+// Scaled-dot-product attention's choice of kernel for a cuda query: the math one, which
+// is made of operators that run on CPU kernels (flash and memory-efficient attention are
+// CUDA kernels only).
+int64_t math_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const std::optional<at::Tensor>&, double, bool, std::optional<double>,
+                       bool) {
+  return static_cast<int64_t>(at::SDPBackend::math);
+}
+
+bool skipped_namespace(const std::string& ns) {
+  // Collectives go to the process group of the tensors' device, which takes cuda tensors
+  // (sim/cuda/groups.cc); the profiler's operators have no tensors.
+  static const std::set<std::string> names = {
+      "c10d",     "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
+      "_dtensor", "profiler"};
+  return names.count(ns) != 0;
+}
+
+}  // namespace
+
+at::Tensor cpu_view(const at::Tensor& cuda) {
+  const c10::TensorImpl& from = *cuda.unsafeGetTensorImpl();
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(from.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), from.dtype());
+  impl->set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+int device_of(const c10::Storage& storage) { return memory::cuda_device_of(storage.allocator()); }
+
+int cover_operators() {
+  static std::mutex mutex;
+  static std::set<std::string> covered;                               // "name.overload"
+  static std::unordered_map<std::string, torch::Library*> libraries;  // kept: they register
+  std::lock_guard lock(mutex);
+  at::native::_fused_sdp_choice_stub.set_cuda_dispatch_ptr(&math_attention);
+  // Replacing a kernel is worth a warning each time to torch; here it is the point.
+  struct Quiet final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard silence(&quiet);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int count = 0;
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    const std::string key = name.name + "." + name.overload_name;
+    if (covered.count(key) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    const std::string ns = name.name.substr(0, name.name.find("::"));
+    if (skipped_namespace(ns)) continue;
+    const bool cpu =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+    const bool cuda = op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+    if (!cpu && !cuda) continue;
+    torch::Library*& library = libraries[ns];
+    if (library == nullptr) {
+      library =
+          new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
+    }
+    std::string qualified = name.name.substr(ns.size() + 2);
+    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+    if (name.name == "aten::record_stream") {
+      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&nothing>());
+    } else if (cpu) {
+      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
+    } else {
+      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&not_simulated>());
+    }
+    covered.insert(key);
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace sgpu::sim::cuda

@@ -1,0 +1,458 @@
+"""CUDA on sim: code written for a GPU node runs unchanged in the ranks of a simulated node.
+torch.cuda answers as the node, tensors live on cuda:N and compute on the CPU, a device
+placement bug fails as it does on a GPU, "nccl" is sgpu's simulated transport, and what
+cannot be simulated says so."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import sgpu
+from conftest import distributed_error
+from sgpu import distributed
+
+MiB = 1 << 20
+
+
+def test_torch_cuda_answers_as_the_simulated_node():
+    @distributed(gpus=2, gpu_type="H100", sim_node="2xH100+2xA10", tracking=False)
+    def answers():
+        import time
+
+        cuda = torch.cuda
+        out = {
+            "available": cuda.is_available(),
+            "count": cuda.device_count(),
+            "current": cuda.current_device(),
+            "names": [cuda.get_device_name(i) for i in range(cuda.device_count())],
+            "capabilities": [cuda.get_device_capability(i) for i in range(cuda.device_count())],
+            "sms": [cuda.get_device_properties(i).multi_processor_count for i in range(4)],
+            "memory": [cuda.get_device_properties(i).total_memory for i in range(4)],
+            "bf16": cuda.is_bf16_supported(),
+            "initialized": cuda.is_initialized(),
+            "accelerator": str(torch.accelerator.current_accelerator()),
+        }
+        cuda.set_device(3)
+        out["after_set"] = cuda.current_device()
+        with cuda.device(1):
+            out["inside"] = (cuda.current_device(), str(torch.empty(1, device="cuda").device))
+        out["outside"] = cuda.current_device()
+        cuda.synchronize()
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record()
+        time.sleep(0.05)
+        end.record()
+        end.synchronize()
+        out["elapsed_ms"] = start.elapsed_time(end)
+        side = cuda.Stream()
+        with cuda.stream(side):
+            out["stream"] = cuda.current_stream() == side
+        cuda.current_stream().wait_stream(side)
+        return out
+
+    for rank, out in enumerate(answers.distributed()):
+        assert out["available"] and out["initialized"] and out["bf16"]
+        assert out["count"] == 4 and out["current"] == rank  # bound to its GPU, as on cuda
+        assert out["names"] == ["NVIDIA H100 80GB HBM3"] * 2 + ["NVIDIA A10"] * 2
+        assert out["capabilities"] == [(9, 0), (9, 0), (8, 6), (8, 6)]
+        assert out["sms"] == [132, 132, 72, 72]
+        assert out["memory"] == [int(79.11 * 1024) << 20] * 2 + [int(22.30 * 1024) << 20] * 2
+        assert out["accelerator"] == "cuda"
+        assert out["after_set"] == 3 and out["inside"] == (1, "cuda:1") and out["outside"] == 3
+        assert 45 <= out["elapsed_ms"] < 5000
+        assert out["stream"]
+
+
+def test_tensors_live_on_cuda_and_compute_as_the_cpu_does(tmp_path):
+    @distributed(gpus=2, tracking=False)
+    def compute(folder):
+        local = int(os.environ["LOCAL_RANK"])
+        device = torch.device(f"cuda:{local}")
+        torch.manual_seed(0)
+        weight, x = torch.randn(8, 4), torch.randn(3, 4)
+        model = torch.nn.Linear(4, 8)
+        expected = model(x)
+        cuda_model = torch.nn.Linear(4, 8).cuda()
+        cuda_model.load_state_dict(model.state_dict())
+        on_device = cuda_model(x.to(device))
+        made = [torch.zeros(2, device="cuda"), torch.ones(2, device=device), x.cuda(),
+                torch.tensor([1.0], device=device), weight.to("cuda")]
+        path = os.path.join(folder, f"state-{local}.pt")
+        torch.save(cuda_model.state_dict(), path)
+        loaded = torch.load(path)["weight"]
+        moved = torch.load(path, map_location="cuda:1")["weight"]
+        hosted = torch.load(path, map_location="cpu")["weight"]
+        try:
+            on_device.numpy()
+            numpy_refused = False
+        except TypeError:
+            numpy_refused = True
+        return {
+            "devices": {str(t.device) for t in made} | {str(next(cuda_model.parameters()).device)},
+            "is_cuda": all(t.is_cuda for t in made),
+            "same": torch.equal(on_device.cpu(), expected),
+            "item": on_device.sum().item() == expected.sum().item(),
+            "numpy": numpy_refused and on_device.detach().cpu().numpy().shape == (3, 8),
+            "loaded": (str(loaded.device), str(moved.device), str(hosted.device)),
+            "storage": str(on_device.untyped_storage().device),
+        }
+
+    for rank, out in enumerate(compute.distributed(str(tmp_path))):
+        assert out["devices"] == {f"cuda:{rank}"}
+        assert out["is_cuda"] and out["same"] and out["item"] and out["numpy"]
+        assert out["loaded"] == (f"cuda:{rank}", "cuda:1", "cpu")
+        assert out["storage"] == f"cuda:{rank}"
+
+
+def test_a_batch_left_on_the_cpu_fails_as_on_a_gpu():
+    @distributed(gpus=2, tracking=False)
+    def planted():
+        model = torch.nn.Linear(4, 2).to(f"cuda:{os.environ['LOCAL_RANK']}")
+        return model(torch.randn(3, 4)).sum().item()  # the batch never went to the device
+
+    with pytest.raises(RuntimeError) as caught:
+        planted.distributed()
+    assert "Expected all tensors to be on the same device, but found at least two devices, " \
+           "cuda:0 and cpu!" in str(caught.value) or "cuda:1 and cpu!" in str(caught.value)
+    assert distributed_error(caught.value).root_cause is not None
+
+
+def test_tensors_on_two_devices_of_one_process_fail_as_on_a_gpu():
+    @distributed(gpus=1, tracking=False)
+    def mixed():
+        a = torch.ones(3, device="cuda:0")
+        b = torch.ones(3, device="cuda:1")
+        moved = (a + b.to("cuda:0")).sum().item()  # a copy between devices is fine
+        try:
+            a + b
+        except RuntimeError as error:
+            return moved, str(error)
+        return moved, ""
+
+    moved, message = mixed.distributed()[0]
+    assert moved == 6.0
+    assert message.startswith("Expected all tensors to be on the same device, but found at least "
+                              "two devices, cuda:0 and cuda:1!")
+
+
+def test_nccl_and_the_default_groups_run_on_the_simulated_transport():
+    @distributed(gpus=2)
+    def groups():
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        out = {}
+        for spec in ("nccl", None, "cpu:gloo,cuda:nccl"):
+            dist.init_process_group(spec) if spec else dist.init_process_group()
+            t = torch.full((4,), float(dist.get_rank() + 1), device="cuda")
+            dist.all_reduce(t)
+            gathered = [None, None]
+            dist.all_gather_object(gathered, {"rank": dist.get_rank()})
+            host = torch.ones(2)
+            if spec is not None and "gloo" in spec:  # CPU tensors go to Gloo where it is named
+                dist.all_reduce(host)
+            out[str(spec)] = (dist.get_backend(), t.tolist(), str(t.device), gathered,
+                              host.tolist())
+            dist.destroy_process_group()
+        mesh = init_device_mesh("cuda", (2,))
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t, group=mesh.get_group())
+        out["mesh"] = (mesh.device_type, t.tolist())
+        dist.destroy_process_group()
+        return out
+
+    handle = groups.launch()
+    for rank, out in enumerate(handle.result()):
+        assert out["nccl"][:3] == ("nccl", [3.0] * 4, f"cuda:{rank}")
+        assert out["nccl"][3] == [{"rank": 0}, {"rank": 1}]
+        assert out["None"][1:3] == ([3.0] * 4, f"cuda:{rank}")
+        assert out["None"][0] == "undefined"  # what torch says of its default on a node
+        assert out["cpu:gloo,cuda:nccl"][1:4] == out["None"][1:4]
+        assert out["cpu:gloo,cuda:nccl"][4] == [2.0, 2.0]
+        assert out["cpu:gloo,cuda:nccl"][0] == "cpu:gloo,cuda:nccl"
+        assert out["mesh"] == ("cuda", [2.0, 2.0])
+    # The cuda collectives went through sgpu's recorder: counted, with their bytes.
+    world = handle.comm_stats()[0]["world"]
+    assert world["all_reduce"]["count"] >= 3
+
+
+def test_a_fault_plan_acts_on_an_nccl_group():
+    @distributed(gpus=2, sim_faults="rank=1:exit=3@collective=2", tracking=False)
+    def doomed():
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+        for _ in range(3):
+            dist.all_reduce(torch.ones(1, device="cuda"))
+        return 0
+
+    with pytest.raises(sgpu.DistributedError) as caught:
+        doomed.distributed()
+    root = caught.value.root_cause
+    assert root.rank == 1 and root.exit_code == 3
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_ddp_with_device_ids_trains_alike_on_every_rank(transport):
+    @distributed(gpus=2, sim_transport=transport, tracking=False)
+    def train():
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                    torch.nn.Linear(8, 1)).cuda()
+        model = DDP(model, device_ids=[local])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(1 + dist.get_rank())  # each rank its own batch
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4, device="cuda")).pow(2).mean().backward()
+            opt.step()
+        params = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
+        dist.destroy_process_group()
+        return str(next(model.parameters()).device), params
+
+    (d0, p0), (d1, p1) = train.distributed()
+    assert (d0, d1) == ("cuda:0", "cuda:1")
+    assert torch.equal(p0, p1)  # averaged gradients: the ranks agree
+
+
+def test_autocast_and_the_grad_scaler_run_as_on_a_gpu():
+    @distributed(gpus=1, tracking=False)
+    def mixed_precision():
+        import torch  # a local name: cloudpickle would carry torch.backends.cudnn by value
+
+        model = torch.nn.Linear(16, 16).cuda()
+        x = torch.randn(4, 16, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            bf16 = model(x).dtype
+        scaler = torch.amp.GradScaler("cuda")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+        return str(bf16), scaler.get_scale(), str(next(model.parameters()).device)
+
+    assert mixed_precision.distributed()[0] == ("torch.bfloat16", 65536.0, "cuda:0")
+
+
+def test_what_cannot_be_simulated_says_so():
+    @distributed(gpus=1, tracking=False)
+    def unsimulated():
+        x = torch.ones(4, device="cuda")
+        said = {}
+        attempts = {
+            "graph": lambda: torch.cuda.CUDAGraph(),
+            "nvml": lambda: torch.cuda.utilization(),
+            "compile": lambda: torch.compile(lambda t: t * 2)(x),
+            "cuda_only_op": lambda: torch.ops.aten._cudnn_init_dropout_state(
+                0.5, True, 0, dtype=torch.uint8, device="cuda"),
+            "ipc": lambda: x.untyped_storage()._share_cuda_(),
+        }
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+                said[name] = ""
+            except Exception as error:  # noqa: BLE001 - each must say why, whatever its type
+                said[name] = f"{type(error).__name__}: {error}"
+        # CPU inputs still compile.
+        said["compile_cpu"] = torch.compile(lambda t: t * 2)(torch.ones(2)).tolist()
+        return said
+
+    said = unsimulated.distributed()[0]
+    assert said["graph"].startswith("NotSimulatedError: torch.cuda.CUDAGraph ")
+    assert said["nvml"].startswith("NotSimulatedError: torch.cuda.utilization ")
+    assert "torch.compile (backend 'inductor') compiles GPU kernels" in said["compile"]
+    assert said["cuda_only_op"].startswith(
+        "NotImplementedError: sgpu: aten::_cudnn_init_dropout_state has a CUDA kernel and no CPU")
+    assert "CUDA IPC" in said["ipc"]
+    for name in ("graph", "nvml", "compile", "cuda_only_op"):
+        assert "cuda backend" in said[name]
+    assert said["compile_cpu"] == [2.0, 2.0]
+
+
+def test_sim_cuda_off_keeps_cpu_devices(monkeypatch):
+    @distributed(gpus=1, tracking=False)
+    def devices():
+        return torch.cuda.is_available(), str(sgpu.device())
+
+    assert devices.distributed() == [(True, "cuda:0")]
+    monkeypatch.setenv("SGPU_SIM_CUDA", "off")
+    assert devices.distributed() == [(False, "cpu")]
+    monkeypatch.setenv("SGPU_SIM_CUDA", "maybe")
+    with pytest.raises(sgpu.ConfigError, match="SGPU_SIM_CUDA=maybe is not"):
+        devices.distributed()
+    monkeypatch.delenv("SGPU_SIM_CUDA")
+
+    @distributed(gpus=1, tracking=False, sim_cuda=False)
+    def off():
+        return torch.cuda.is_available(), str(sgpu.device())
+
+    assert off.distributed() == [(False, "cpu")]
+
+
+@pytest.mark.skipif(not os.access(os.environ.get("SGPU_CLI", ""), os.X_OK),
+                    reason="SGPU_CLI names no sgpu binary")
+def test_a_program_that_never_imports_sgpu_gets_the_simulated_gpus(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import torch
+        import torch.distributed as dist
+
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        t = torch.ones(2, device="cuda") * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        print(f"rank {dist.get_rank()} on {t.device} of {torch.cuda.device_count()}: {t.tolist()}")
+        dist.destroy_process_group()
+    """))
+    done = subprocess.run([os.environ["SGPU_CLI"], "run", "--gpus", "2", "--backend", "sim", "--",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "SGPU_TRACKING": "off"})
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 on cuda:0 of 8: [3.0, 3.0]" in done.stdout
+    assert "rank 1 on cuda:1 of 8: [3.0, 3.0]" in done.stdout
+
+
+def test_any_sequence_of_operators_on_cuda_is_bit_identical_to_the_cpu():
+    """A law, checked by hypothesis inside a rank (where cuda is the simulated GPU): any
+    program of tensor operators gives on cuda:0 exactly what it gives on the CPU."""
+
+    @distributed(gpus=1, tracking=False)
+    def law(examples):
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+
+        operators = [
+            lambda a, b: a + b, lambda a, b: a * b - b, lambda a, b: a / (b.abs() + 1),
+            lambda a, b: torch.tanh(a), lambda a, b: torch.relu(a) + torch.sigmoid(b),
+            lambda a, b: a @ b.t() @ b, lambda a, b: torch.softmax(a, dim=1),
+            lambda a, b: torch.cumsum(a, dim=0), lambda a, b: a.t().contiguous().t() * 2,
+            lambda a, b: torch.sort(a, dim=1).values, lambda a, b: torch.where(a > b, a, b),
+            lambda a, b: a.masked_fill(a < 0, 0.5), lambda a, b: a.clone().add_(b).mul_(0.5),
+            lambda a, b: torch.nn.functional.layer_norm(a, a.shape[1:]),
+            lambda a, b: torch.gather(a, 1, torch.argsort(b, dim=1)),
+            lambda a, b: a.sum(dim=0, keepdim=True).expand_as(a) - a,
+            lambda a, b: torch.cat([a[:2], b[2:]]), lambda a, b: a.pow(2).sqrt(),
+            lambda a, b: a.to(torch.float16).to(torch.float32), lambda a, b: a.half().float() * b,
+        ]
+
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(st.integers(0, len(operators) - 1), min_size=1, max_size=10),
+               st.integers(0, 2**31 - 1), st.sampled_from([torch.float32, torch.float64]))
+        def same(program, seed, dtype):
+            generator = torch.Generator().manual_seed(seed)
+            x = torch.randn(4, 5, generator=generator, dtype=dtype)
+            y = torch.randn(4, 5, generator=generator, dtype=dtype)
+
+            def run(device):
+                a, b = x.to(device), y.to(device)
+                for index in program:
+                    a = operators[index](a, b).to(dtype)
+                return a.cpu()
+
+            cpu, cuda = run("cpu"), run("cuda")
+            assert torch.equal(cpu.isnan(), cuda.isnan()), program
+            assert torch.equal(cpu.nan_to_num(), cuda.nan_to_num()), program
+
+        same()
+        return examples
+
+    assert law.distributed(300) == [300]
+
+
+def test_seeds_memory_fractions_and_forked_children_behave_as_on_a_node():
+    @distributed(gpus=1, sim_node="1xH100:64MiB", tracking=False)
+    def node_rules():
+        import multiprocessing
+
+        torch.manual_seed(7)
+        first = torch.randn(3, device="cuda").tolist()
+        torch.cuda.manual_seed(7)
+        second = torch.randn(3, device="cuda").tolist()
+        state = torch.cuda.get_rng_state()
+        third = torch.randn(3, device="cuda").tolist()
+        torch.cuda.set_rng_state(state)
+        again = torch.randn(3, device="cuda").tolist()
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        try:
+            torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+            limited = ""
+        except torch.OutOfMemoryError as error:
+            limited = str(error)
+
+        def child(queue):
+            try:
+                torch.cuda.current_device()
+                queue.put("")
+            except RuntimeError as error:
+                queue.put(str(error))
+
+        queue = multiprocessing.get_context("fork").Queue()
+        process = multiprocessing.get_context("fork").Process(target=child, args=(queue,))
+        process.start()
+        forked = queue.get(timeout=60)
+        process.join()
+        return first == second, third == again, limited, forked, os.environ["LOCAL_SIZE"]
+
+    same_seed, same_state, limited, forked, local_size = node_rules.distributed()[0]
+    assert same_seed and same_state
+    assert "Tried to allocate 40.00 MiB. GPU 0 has a total capacity of 32.00 MiB" in limited
+    assert "Cannot re-initialize CUDA in forked subprocess" in forked
+    assert local_size == "1"
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_a_rank_that_skips_an_nccl_collective_is_named_at_it(transport):
+    @distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5, sim_transport=transport)
+    def skips():
+        import torch.distributed as dist
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        t = torch.ones(1024, device="cuda")
+        for i in range(1, 5):
+            if dist.get_rank() == 2 and i == 3:
+                continue
+            if i % 2:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+        return dist.get_rank()
+
+    with pytest.raises(Exception) as caught:
+        skips.distributed()
+    error = distributed_error(caught.value)
+    assert isinstance(error, sgpu.DistributedError), repr(caught.value)
+    assert error.collectives.culprits == (2,), str(error)
+    assert "collective #3" in error.collectives.verdict, error.collectives.verdict
+
+
+def test_two_ranks_on_one_gpu_fail_as_nccl_does():
+    @distributed(gpus=2, tracking=False)
+    def same_gpu():
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+        t = torch.ones(4, device="cuda:0")  # every rank on GPU 0: NCCL refuses
+        dist.all_reduce(t)
+        return t.tolist()
+
+    with pytest.raises(torch.distributed.DistBackendError) as caught:
+        same_gpu.distributed()
+    assert "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0" in str(caught.value)
