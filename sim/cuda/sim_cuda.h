@@ -18,9 +18,9 @@
 //   on cuda:N), the DDP reducer's CUDA timer, and scaled-dot-product attention's kernel
 //   choice (always the math one, which runs on CPU kernels).
 // The process groups of a simulated transport take cuda tensors (for_cuda_tensors): shared
-// memory as they are, Gloo through CPU views; two ranks on one GPU fail as under NCCL. Python patches torch.cuda's module-level
-// functions over these (python/sgpu/_sim_cuda.py). What differs from a node is in the
-// README ("CUDA on sim").
+// memory as they are, Gloo through CPU views; two ranks on one GPU fail as under NCCL.
+// Python puts torch.cuda's module-level functions over these (python/sgpu/_sim_cuda.py).
+// What differs from a node is in the README ("CUDA on sim").
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
