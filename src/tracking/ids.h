@@ -1,4 +1,5 @@
-// Random identifiers in MLflow's shapes.
+// Random identifiers in MLflow's shapes, drawn from the OS's generator (getrandom) each
+// time, so that no thread, process or forked child repeats another's.
 #pragma once
 
 #include <cstddef>

@@ -1,23 +1,43 @@
 #include "tracking/run_model.h"
 
 #include <pwd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
-#include <random>
+#include <cstring>
+#include <stdexcept>
 
 #include "tracking/ids.h"
 
 namespace sgpu::tracking {
 namespace {
 
-std::mt19937_64& generator() {
-  // Per thread, seeded from the OS: forked ranks must not share a sequence.
-  thread_local std::mt19937_64 engine{[] {
-    std::random_device device;
-    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
-  }()};
-  return engine;
+// Bytes from the OS's generator, each time, as MLflow's uuid4() takes them: a process
+// state (a seeded engine) is copied by fork(), and a forked caller then repeated its
+// parent's run ids.
+void random_bytes(unsigned char* out, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::getrandom(out, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("sgpu: cannot draw a random id: ") +
+                               std::strerror(errno));
+    }
+    out += got;
+    n -= static_cast<std::size_t>(got);
+  }
+}
+
+// A number in [0, bound), without the modulo's bias.
+unsigned uniform(unsigned bound) {
+  const unsigned limit = 256 - 256 % bound;
+  unsigned char byte = 0;
+  do {
+    random_bytes(&byte, 1);
+  } while (byte >= limit);
+  return byte % bound;
 }
 
 }  // namespace
@@ -59,17 +79,19 @@ std::int64_t now_ms() {
 
 std::string random_hex(std::size_t digits) {
   static const char kHex[] = "0123456789abcdef";
+  std::string bytes((digits + 1) / 2, '\0');
+  random_bytes(reinterpret_cast<unsigned char*>(bytes.data()), bytes.size());
   std::string out;
-  std::uniform_int_distribution<int> nibble(0, 15);
-  for (std::size_t i = 0; i < digits; ++i) out += kHex[nibble(generator())];
+  for (std::size_t i = 0; i < digits; ++i) {
+    const auto byte = static_cast<unsigned char>(bytes[i / 2]);
+    out += kHex[i % 2 == 0 ? byte >> 4 : byte & 0xf];
+  }
   return out;
 }
 
 std::string random_experiment_id() {
-  std::string out(1,
-                  static_cast<char>('1' + std::uniform_int_distribution<int>(0, 8)(generator())));
-  std::uniform_int_distribution<int> digit(0, 9);
-  while (out.size() < 18) out += static_cast<char>('0' + digit(generator()));
+  std::string out(1, static_cast<char>('1' + uniform(9)));
+  while (out.size() < 18) out += static_cast<char>('0' + uniform(10));
   return out;
 }
 
