@@ -105,6 +105,47 @@ RC_GTEST_PROP(Verdict, NoCollectiveInFlightIsEveryRankOutside, ()) {
   RC_ASSERT(!sgpu::launcher::longest_in_flight(views).has_value());
 }
 
+RC_GTEST_PROP(Verdict, ACollectiveThatFailedOnARankNamesThatRank, ()) {
+  const int world = *rc::gen::inRange(2, 9);
+  const int failed = *rc::gen::inRange(0, world);
+  const auto done = *rc::gen::inRange<std::uint64_t>(0, 20);
+  const auto views = ranks(world, done, [&](int rank, auto& entries) {
+    entries.push_back(
+        all_reduce(done + 1, rank == failed ? EntryState::kFailed : EntryState::kCompleted));
+  });
+  const Diagnosis d = sgpu::launcher::diagnose(views, kNow);
+  RC_ASSERT(d.kind == Diagnosis::Kind::kFailed);
+  RC_ASSERT(d.culprits == std::vector<int>{failed});
+  RC_ASSERT(d.seq == done + 1);
+  RC_ASSERT(d.verdict == "collective #" + std::to_string(done + 1) +
+                             " (all_reduce of 1024 float32 (sum)) failed on rank " +
+                             std::to_string(failed) + ".");
+}
+
+// DDP leaves several asynchronous all-reduces in flight on a rank (its buckets): the verdict
+// is about the lowest one still open, where the ranks part, not the newest.
+RC_GTEST_PROP(Verdict, WithSeveralCollectivesInFlightTheFirstOpenOneIsJudged, ()) {
+  const int world = *rc::gen::inRange(2, 9);
+  const int missing = *rc::gen::inRange(0, world);
+  const auto done = *rc::gen::inRange<std::uint64_t>(0, 20);
+  const auto open = *rc::gen::inRange<std::uint64_t>(2, 6);  // buckets in flight
+  const auto views = ranks(world, done, [&](int rank, auto& entries) {
+    // The others have `open` buckets in flight; `missing` went on without any of them.
+    if (rank == missing) return;
+    for (std::uint64_t k = 1; k <= open; ++k) {
+      entries.push_back(all_reduce(done + k, EntryState::kInFlight));
+      entries.back().entered_ns += static_cast<std::int64_t>(k);  // queued one after another
+    }
+  });
+  const Diagnosis d = sgpu::launcher::diagnose(views, kNow);
+  RC_ASSERT(d.kind == Diagnosis::Kind::kMissing);
+  RC_ASSERT(d.culprits == std::vector<int>{missing});
+  RC_ASSERT(d.seq == done + 1);
+  RC_ASSERT(d.verdict.rfind("rank " + std::to_string(missing) + " never entered collective #" +
+                                std::to_string(done + 1),
+                            0) == 0);
+}
+
 TEST(Verdict, AMissingRankThatEndedSaysHow) {
   auto views = ranks(3, 2, [](int rank, auto& entries) {
     if (rank != 1) entries.push_back(all_reduce(3, EntryState::kInFlight));

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
+#include <spawn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -219,9 +220,21 @@ TEST(Launcher, ThreeCallsAtOnceAllSucceed) {
   EXPECT_EQ(c.wait(), (std::vector<int>{0, 10}));
 }
 
+// A rank that starts a child of its own (carrying a marker, its process group the rank's),
+// then sleeps: a teardown that signals the rank and not its process group leaves the child.
+int start_a_child_then_sleep(int ms) {
+  char marker[] = "SGPU_TEST_MARKER=cancel-test-child";
+  char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("1000"), nullptr};
+  char* envp[] = {marker, nullptr};
+  pid_t child = 0;
+  if (::posix_spawn(&child, "/bin/sleep", nullptr, nullptr, argv, envp) != 0) return -1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return sgpu::global_rank();
+}
+
 TEST(Launcher, CancelTearsDownAndRaisesCancelled) {
   ::setenv("SGPU_TEST_MARKER", "cancel-test", 1);
-  auto launch = sgpu::distributed(sleep_then_rank, sim(2)).launch(60'000);
+  auto launch = sgpu::distributed(start_a_child_then_sleep, sim(2)).launch(60'000);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   launch.cancel();
   std::vector<pid_t> ranks;
@@ -236,6 +249,10 @@ TEST(Launcher, CancelTearsDownAndRaisesCancelled) {
   // Seen by process group: the marker is not in fork-server ranks' /proc environ.
   EXPECT_TRUE(sgpu::testing::alive_in_groups(ranks).empty());
   EXPECT_TRUE(sgpu::testing::processes_with("SGPU_TEST_MARKER=cancel-test").empty());
+  EXPECT_TRUE(sgpu::testing::eventually(
+      [] { return sgpu::testing::processes_with("SGPU_TEST_MARKER=cancel-test-child").empty(); },
+      std::chrono::seconds(5)))
+      << "a rank's child outlived the cancelled call";
   EXPECT_TRUE(sgpu::testing::children().empty());
 }
 

@@ -228,9 +228,15 @@ def per_node(program, nnodes, env=None):
         children.append(subprocess.Popen(program, env=node_env, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, text=True))
     results = []
-    for child in children:
-        out, err = child.communicate(timeout=180)
-        results.append((child.returncode, out, err))
+    try:
+        for child in children:
+            out, err = child.communicate(timeout=180)
+            results.append((child.returncode, out, err))
+    finally:  # a node that never ended (the test failed): none outlives the test
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
     return results
 
 

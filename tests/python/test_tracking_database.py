@@ -164,3 +164,34 @@ def test_mlflow_ui_with_no_flags_lists_the_calls_runs(tmp_path, monkeypatch):
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def logs_out_of_order():
+    import time
+
+    points = [("loss", 10, 10.0), ("loss", 5, 5.0), ("same", 7, 1.0), ("same", 7, 2.0),
+              ("later", 3, 3.0), ("later", 3, -1.0)]
+    for key, step, value in points:
+        sgpu.log_metric(key, value, step=step)
+        time.sleep(0.005)  # timestamps in the order of the calls
+    return 0
+
+
+def test_the_latest_metric_is_mlflows_whatever_the_order_steps_arrive_in(database, tmp_path):
+    """MLflow shows a key's point with the greatest (step, timestamp, value): the step-10 loss
+    even when step 5 arrived last. The same points through MLflow's own client into a twin
+    database leave the same latest values."""
+    distributed(gpus=1)(logs_out_of_order).distributed()
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    client = mlflow.MlflowClient()
+    history = [m for key in ("loss", "same", "later")
+               for m in client.get_metric_history(run.info.run_id, key)]
+    twin = mlflow.MlflowClient(tracking_uri="sqlite:///" + str(tmp_path / "twin.db"))
+    twin_run = twin.create_run(twin.create_experiment("twin"))
+    for m in sorted(history, key=lambda m: m.timestamp):  # in the order sgpu logged them
+        twin.log_batch(twin_run.info.run_id, metrics=[m])
+    keys = ("loss", "same", "later")
+    ours = {k: client.get_run(run.info.run_id).data.metrics[k] for k in keys}
+    theirs = {k: twin.get_run(twin_run.info.run_id).data.metrics[k] for k in keys}
+    assert ours == theirs
+    assert ours["loss"] == 10.0 and ours["same"] == 2.0

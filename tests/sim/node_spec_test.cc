@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "sgpu/errors.h"
 
 namespace sgpu::sim {
@@ -23,6 +26,20 @@ TEST(NodeSpec, MixedAndMemory) {
   // Without a size, what torch reports as an H100's total capacity: 79.11 GiB.
   EXPECT_EQ(inv.gpus[0].memory_bytes, 81008ull << 20);
   EXPECT_EQ(inv.summary(), "4 x H100 + 4 x A10");
+}
+
+TEST(NodeSpec, EveryMemoryUnitMeansWhatItSays) {
+  // Binary units are powers of two (G and M as GiB and MiB); GB and MB are SI, powers of
+  // ten: 40GB is 7.4% less than 40GiB, and a spec that read one as the other would say so.
+  const std::pair<const char*, unsigned long long> sizes[] = {
+      {"40GiB", 40ull << 30},    {"40G", 40ull << 30},   {"40GB", 40'000'000'000ull},
+      {"512MiB", 512ull << 20},  {"512M", 512ull << 20}, {"512MB", 512'000'000ull},
+      {"1GB", 1'000'000'000ull}, {"1MB", 1'000'000ull},
+  };
+  for (const auto& [memory, bytes] : sizes) {
+    const auto inv = parse_node_spec(std::string("2xH100:") + memory);
+    EXPECT_EQ(inv.gpus[1].memory_bytes, bytes) << memory;
+  }
 }
 
 TEST(NodeSpec, BadSpecsSayWhatIsWrong) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -87,9 +88,11 @@ bool valid(c10::ScalarType dtype, Red op) {
   }
 }
 
-// Rank r's input: reproducible from (seed, rank), finite, small enough that products
-// of eight stay finite.
-at::Tensor input(c10::ScalarType dtype, int64_t count, int seed, int rank) {
+// Rank r's input: reproducible from (seed, rank), small enough that products of eight
+// stay finite; with `specials`, a real floating one has NaN, +inf and -inf here and there
+// (a loss that diverged, all-reduced with MAX to find out: the NaN must survive the fold
+// whichever rank has it).
+at::Tensor input(c10::ScalarType dtype, int64_t count, int seed, int rank, bool specials = false) {
   at::Generator gen = at::detail::createCPUGenerator(seed * 1000 + rank);
   if (dtype == c10::kBool) return at::randint(0, 2, {count}, gen, at::kLong).to(c10::kBool);
   if (dtype == c10::kByte) return at::randint(0, 256, {count}, gen, at::kLong).to(dtype);
@@ -97,7 +100,14 @@ at::Tensor input(c10::ScalarType dtype, int64_t count, int seed, int rank) {
     return at::randint(-100, 100, {count}, gen, at::kLong).to(dtype);
   }
   if (c10::isComplexType(dtype)) return at::randn({count}, gen, at::kComplexFloat).to(dtype);
-  return (at::rand({count}, gen, at::kFloat) + 0.5).to(dtype);
+  at::Tensor values = at::rand({count}, gen, at::kFloat) + 0.5;
+  if (specials && count > 0) {
+    const at::Tensor pick = at::randint(0, 12, {count}, gen, at::kLong);
+    values = at::where(pick == 0, std::numeric_limits<float>::quiet_NaN(), values);
+    values = at::where(pick == 1, std::numeric_limits<float>::infinity(), values);
+    values = at::where(pick == 2, -std::numeric_limits<float>::infinity(), values);
+  }
+  return values.to(dtype);
 }
 
 // The fold of one process: ((x0 op x1) op x2) ... in rank order.
@@ -143,8 +153,12 @@ at::Tensor fold(const std::vector<at::Tensor>& xs, Red op) {
   return acc;
 }
 
+// Bit for bit, NaN where the other has NaN.
 bool same(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && at::equal(a, b);
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (!c10::isFloatingType(a.scalar_type())) return at::equal(a, b);
+  return at::equal(a.isnan(), b.isnan()) &&
+         at::equal(at::where(a.isnan(), 0, a), at::where(b.isnan(), 0, b));
 }
 
 // The complex product is the one inexact fold (sim/shm/reduce.h): close, not equal. Gloo's
@@ -153,7 +167,7 @@ bool close(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const bool coarse = a.scalar_type() == c10::kHalf || a.scalar_type() == c10::kBFloat16;
   return at::allclose(a.to(c10::kComplexDouble), b.to(c10::kComplexDouble), coarse ? 5e-2 : 1e-5,
-                      coarse ? 1e-1 : 1e-6);
+                      coarse ? 1e-1 : 1e-6, /*equal_nan=*/true);
 }
 
 enum class Case {
@@ -205,6 +219,9 @@ void every_collective_equals_the_fold_of_one_process(bool gloo) {
   const int64_t count = *rc::gen::inRange<int64_t>(0, static_cast<int64_t>(most / item) + 3);
   const int root = *rc::gen::inRange(0, world);
   const int seed = *rc::gen::inRange(0, 1 << 20);
+  // NaN and infinities in the shared-memory transport's floats; Gloo's MIN and MAX are its
+  // own (std::max's, which keeps whichever side it compared first when one is NaN).
+  const bool specials = !gloo && *rc::gen::arbitrary<bool>();
   RC_TAG(static_cast<int>(kind));
   RC_TAG(static_cast<int>(op));
 
@@ -213,7 +230,7 @@ void every_collective_equals_the_fold_of_one_process(bool gloo) {
                       kind == Case::kAlltoallEven || kind == Case::kAlltoallList ||
                       kind == Case::kScatter;
   for (int r = 0; r < world; ++r)
-    inputs.push_back(input(dtype, pieces ? count * world : count, seed, r));
+    inputs.push_back(input(dtype, pieces ? count * world : count, seed, r, specials));
   // Uneven all-to-all: rank s sends (s + d + seed) % 3 * count / 2 rows to rank d.
   const auto rows = [&](int s, int d) { return ((s + d + seed) % 3) * count / 2; };
   std::vector<at::Tensor> uneven;
