@@ -51,9 +51,8 @@ namespace py = pybind11;
 namespace sgpu::python {
 namespace {
 
-std::chrono::milliseconds milliseconds_of(double seconds) {
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
-}
+// `seconds` of waiting or of a group's timeout, past a clock's reach taken as its longest.
+std::chrono::milliseconds milliseconds_of(double seconds) { return duration_of_seconds(seconds); }
 
 // The decorator's keywords (already type-checked by sgpu._options) as sgpu::Options.
 Options options_from(const py::dict& given) {
@@ -65,11 +64,10 @@ Options options_from(const py::dict& given) {
     } else if (key == "gpu_type") {
       options.gpu_type = py::cast<std::string>(value);
     } else if (key == "timeout") {
-      options.timeout =
-          value.is_none() ? kNoTimeout : Timeout(milliseconds_of(py::cast<double>(value)));
+      options.timeout = value.is_none() ? kNoTimeout : timeout_of_seconds(py::cast<double>(value));
     } else if (key == "hang_timeout") {
       options.hang_timeout =
-          value.is_none() ? kNoTimeout : Timeout(milliseconds_of(py::cast<double>(value)));
+          value.is_none() ? kNoTimeout : timeout_of_seconds(py::cast<double>(value));
     } else if (key == "recorder_entries") {
       options.recorder_entries = py::cast<std::uint32_t>(value);
     } else if (key == "backend") {
@@ -91,7 +89,7 @@ Options options_from(const py::dict& given) {
     } else if (key == "max_payload_bytes") {
       options.max_payload_bytes = py::cast<std::size_t>(value);
     } else if (key == "teardown_grace") {
-      options.teardown_grace = milliseconds_of(py::cast<double>(value));
+      options.teardown_grace = duration_of_seconds(py::cast<double>(value));
     } else if (key == "start_method") {
       const auto method = py::cast<std::string>(value);
       options.start_method = method == "exec"          ? StartMethod::kExec
@@ -114,7 +112,7 @@ Options options_from(const py::dict& given) {
     } else if (key == "rdzv_id") {
       options.rdzv_id = py::cast<std::string>(value);
     } else if (key == "rdzv_timeout") {
-      options.rdzv_timeout = milliseconds_of(py::cast<double>(value));
+      options.rdzv_timeout = duration_of_seconds(py::cast<double>(value));
     } else {
       throw ConfigError("unknown option " + key);
     }
@@ -194,6 +192,12 @@ bool is_finalizing() {
 #endif
 }
 
+// A rank's result record, held for Python without a copy: a buffer pickle.loads reads.
+struct ResultBytes {
+  explicit ResultBytes(std::string data) : bytes(std::move(data)) {}
+  std::string bytes;
+};
+
 // A call in flight, as sgpu.Handle holds it.
 class PyCall {
  public:
@@ -204,16 +208,18 @@ class PyCall {
     py::gil_scoped_release release;
     return call_->wait_for(milliseconds_of(std::max(seconds, 0.0)));
   }
-  // Each rank's result record, in rank order; raises the call's error.
-  std::vector<py::bytes> results() {
-    const std::vector<std::string>* results = nullptr;
+  // Each rank's result record, in rank order, as buffers that hold them (no copy); raises
+  // the call's error. The call keeps none of them: a record goes when its buffer does.
+  std::vector<std::shared_ptr<ResultBytes>> results() {
+    std::vector<std::string> taken;
     {
       py::gil_scoped_release release;
-      results = &call_->wait();
+      taken = call_->take_results();
     }
-    std::vector<py::bytes> out;
-    out.reserve(results->size());
-    for (const std::string& result : *results) out.emplace_back(result);
+    std::vector<std::shared_ptr<ResultBytes>> out;
+    out.reserve(taken.size());
+    for (std::string& result : taken)
+      out.push_back(std::make_shared<ResultBytes>(std::move(result)));
     return out;
   }
   // Each rank's device memory figures at its end; waits for the call without raising.
@@ -298,7 +304,12 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
       if (is_finalizing()) return;
       py::gil_scoped_acquire gil;
       try {
-        (*target)(stream, py::str(line.data(), line.size()));
+        // A rank's output is bytes: what is not UTF-8 shows as U+FFFD, as Python's own
+        // streams' "replace" shows it, where a strict decode would lose the whole line.
+        PyObject* text =
+            PyUnicode_DecodeUTF8(line.data(), static_cast<Py_ssize_t>(line.size()), "replace");
+        if (text == nullptr) throw py::error_already_set();
+        (*target)(stream, py::reinterpret_steal<py::str>(text));
       } catch (py::error_already_set& e) {
         e.discard_as_unraisable("sgpu: writing a rank's output");
       }
@@ -515,6 +526,11 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
   py::register_exception_translator(translate);
 
+  py::class_<ResultBytes, std::shared_ptr<ResultBytes>>(m, "ResultBytes", py::buffer_protocol())
+      .def_buffer([](ResultBytes& r) {
+        return py::buffer_info(r.bytes.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {r.bytes.size()}, {1}, /*readonly=*/true);
+      });
   py::class_<PyCall, std::shared_ptr<PyCall>>(m, "Call")
       .def("wait_for", &PyCall::wait_for, py::arg("seconds"))
       .def("results", &PyCall::results)
@@ -535,7 +551,11 @@ PYBIND11_MODULE(_native, m) {
     return static_cast<long>(sgpu::launcher::fork_server_pid(command));
   });
 
-  m.def("enter_rank", &sgpu::launcher::enter_worker_rank);
+  m.def("enter_rank", [] {
+    // Advice in a Python rank's errors spells settings as the caller wrote them.
+    sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
+    sgpu::launcher::enter_worker_rank();
+  });
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("arm_program_stacks", &sgpu::launcher::arm_program_stacks);
   m.def("end_rank", [](int code) {

@@ -54,6 +54,8 @@ from sgpu.errors import (  # noqa: E402
     Error,
     RankFailure,
     HangError,
+    NotSimulatedError,
+    ResultTooLarge,
     TimeoutError,
     TrackingError,
 )
@@ -78,6 +80,8 @@ __all__ = [
     "Handle",
     "RankFailure",
     "HangError",
+    "NotSimulatedError",
+    "ResultTooLarge",
     "TimeoutError",
     "TrackingError",
     "device",

@@ -32,7 +32,8 @@ _UNSET = object()
 _OPTION_TYPES = {
     "gpus": (int, "a positive int"),
     "gpu_type": (str, 'a GPU type such as "H100"'),
-    "timeout": ((int, float, type(None)), "seconds (a positive number), or None for no deadline"),
+    "timeout": ((int, float, type(None)),
+                "seconds (a positive number; float('inf') is none), or None for no deadline"),
     "hang_timeout": (
         (int, float, type(None)),
         "seconds (a positive number), or None to never judge a call hung",
@@ -68,7 +69,7 @@ def _check_options(options: dict) -> dict:
             known = ", ".join(_OPTION_TYPES)
             raise errors.ConfigError(f"unknown option {key}=...; the options are {known}")
         kinds, what = _OPTION_TYPES[key]
-        if isinstance(value, bool) and kinds in (int, (int, float)):
+        if isinstance(value, bool) and kinds is not bool:  # a bool is an int to Python
             raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
         if not isinstance(value, kinds):
             raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
@@ -95,8 +96,9 @@ def _check_options(options: dict) -> dict:
         raise errors.ConfigError("recorder_entries must not be negative")
     if "max_payload_bytes" in checked and checked["max_payload_bytes"] < 1:
         raise errors.ConfigError("max_payload_bytes must be positive")
-    if checked.get("teardown_grace", 0) < 0:
-        raise errors.ConfigError("teardown_grace must not be negative")
+    if not checked.get("teardown_grace", 0) >= 0:  # NaN too
+        raise errors.ConfigError(
+            f"teardown_grace must be seconds, not negative, got {checked['teardown_grace']!r}")
     if checked.get("start_method", "auto") not in ("auto", "fork-server", "exec"):
         raise errors.ConfigError(
             f'start_method must be "auto", "fork-server" or "exec", got {checked["start_method"]!r}'
@@ -158,8 +160,11 @@ def _console(stream: int, line: str) -> None:
 
 
 def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> BaseException:
-    """The root-cause rank's own exception, unpickled, with `error` as its cause; else
-    `error`. The rank's traceback goes into the error's message and its row."""
+    """The root-cause rank's own exception, unpickled, with `error` as its cause, when it is
+    an Exception; else `error`. A rank that ended by SystemExit (sys.exit), KeyboardInterrupt
+    or another BaseException fails the call with `error`, whose row says what it raised:
+    raised as itself here, it would end the caller, or interrupt it, as if it were its own.
+    The rank's traceback goes into the error's message and its row."""
     from sgpu import _native
 
     root = error.root_cause
@@ -182,7 +187,7 @@ def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> Ba
         original = pickle.loads(pickled) if pickled is not None else None
     except Exception:
         original = None
-    if not isinstance(original, BaseException):
+    if not isinstance(original, Exception):
         return error
     original.__cause__ = error
     return original
@@ -324,9 +329,14 @@ class Handle:
             self._outcome = ("error", _with_remote_exception(error, self._max_bytes))
             return
         values = []
-        for rank, data in enumerate(raw):
+        for rank in range(len(raw)):
+            # One rank's record at a time, dropped once decoded: results are never held
+            # twice over (a record, and what it decodes to, for every rank).
+            data, raw[rank] = raw[rank], None
             try:
-                values.append(pickle.loads(data))
+                with memoryview(data) as view:
+                    values.append(pickle.loads(view))
+                del data
             except Exception as error:
                 try:
                     self._call.raise_bad_result(rank, f"{type(error).__name__}: {error}")
@@ -343,6 +353,14 @@ class DistributedFunction:
     that and returns a Handle."""
 
     def __init__(self, function: Callable, options: dict):
+        import inspect
+
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            name = getattr(function, "__qualname__", repr(function))
+            raise errors.ConfigError(
+                f"{name} is a coroutine function (async def): a rank runs a plain function. "
+                f"Wrap it: def run(*args): return asyncio.run({name}(*args)), and distribute "
+                "that")
         self._function = function
         self._options = _check_options(options)
         functools.update_wrapper(self, function)

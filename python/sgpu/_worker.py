@@ -36,6 +36,13 @@ def _write_error(native, error: BaseException, rank: int) -> None:
     except Exception:  # an exception that does not pickle still has its traceback
         pickled = None
     message = str(error)
+    if isinstance(error, SystemExit):
+        message = (f"the function called sys.exit({error.code!r}); a rank's function ends by "
+                   "returning its result, or by raising an Exception to fail the call")
+    elif not isinstance(error, Exception):
+        message = (f"{message + ': ' if message else ''}the rank ended by "
+                   f"{type(error).__name__}, which fails the call (raised in the caller, it "
+                   "would act there as its own)")
     native.write_error(_qualified_type(error), message, lines, pickled)
     sys.stderr.write(f"sgpu: rank {rank} failed:\n{''.join(lines)}")
 

@@ -6,6 +6,7 @@
       NotSimulatedError         code that needs a real GPU ran on simulated ones
       TrackingError             a metric, param or tag MLflow would refuse, or a store
                                 that cannot be used
+      ResultTooLarge            a rank's result over max_payload_bytes
       DistributedError          a rank failed; .ranks has one RankFailure per rank,
                                 .root_cause the earliest failure
         TimeoutError            the call's deadline passed
@@ -116,7 +117,8 @@ class NotSimulatedError(Error, NotImplementedError):
 
 
 class ResultTooLarge(Error):
-    """A payload or result over max_payload_bytes."""
+    """A rank's result over max_payload_bytes (raised as itself, from the DistributedError,
+    as a rank's own exceptions are)."""
 
 
 _CLASSES = {

@@ -28,6 +28,13 @@ std::string Inventory::summary() const {
 
 namespace sgpu::backend {
 
+std::string backend_advice(std::string_view backend) {
+  const char* env = std::getenv("SGPU_BACKEND");
+  if (env == nullptr || *env == '\0') return "pass " + contract::spell("backend", backend);
+  return "set SGPU_BACKEND=" + std::string(backend) + " (SGPU_BACKEND=" + env +
+         " decides the backend here, whatever " + contract::spell("backend") + " says)";
+}
+
 Selection select_devices(const Inventory& inventory, int gpus, const std::string& gpu_type,
                          std::string_view backend_name) {
   const std::string node = inventory.summary();
@@ -35,8 +42,8 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
   if (inventory.gpus.empty()) {
     throw AcceleratorMismatchError(std::to_string(gpus) + " GPU(s) requested but backend \"" +
                                    std::string(backend_name) + "\" offers none (" +
-                                   inventory.unavailable_reason + "). Run on a GPU node, or pass " +
-                                   contract::spell("backend", "sim") + " to simulate one");
+                                   inventory.unavailable_reason + "). Run on a GPU node, or " +
+                                   backend_advice("sim") + " to simulate one");
   }
   if (!gpu_type.empty()) {
     const auto type = parse_gpu_type(gpu_type);

@@ -8,6 +8,11 @@
 
 namespace sgpu::backend {
 
+// How to choose `backend`, as advice in a message: "pass backend=\"sim\"" as the caller
+// spells it, or, where SGPU_BACKEND decides whatever the option says, "set
+// SGPU_BACKEND=sim (...)".
+std::string backend_advice(std::string_view backend);
+
 struct Selection {
   std::string gpu_type;             // requested, or detected when the request had none
   std::vector<int> device_indices;  // local rank i runs on device_indices[i]

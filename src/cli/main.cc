@@ -142,6 +142,38 @@ int sync_tracking(const std::filesystem::path& runs_dir) {
   return pending == 0 ? 0 : 1;
 }
 
+// A flag of `sgpu run` it does not know, before the program's "--", as the error to give:
+// CLI11 would take it, and what follows it, for the program's arguments and say
+// "arguments not expected". Empty when every flag is known.
+std::string unknown_run_flag(const CLI::App& run, int argc, char** argv) {
+  int at = 1;
+  while (at < argc && std::string_view(argv[at]) != "run") ++at;
+  for (++at; at < argc; ++at) {
+    const std::string_view arg = argv[at];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const std::string name(arg.substr(0, arg.find('=')));
+    if (name == "-h" || name == "--help") continue;
+    if (const CLI::Option* known = run.get_option_no_throw(name)) {
+      // Its value is the next argument, whatever it looks like ("--node-rank -1").
+      if (arg.find('=') == std::string_view::npos && known->get_items_expected_min() > 0) ++at;
+      continue;
+    }
+    std::string near;
+    for (const CLI::Option* option : run.get_options()) {
+      for (const std::string& known : option->get_lnames()) {
+        const std::string flag = "--" + known;
+        const bool alike = flag.rfind(name, 0) == 0 || name.rfind(flag, 0) == 0;
+        if (alike && (near.empty() || flag.size() < near.size())) near = flag;  // the closest
+      }
+    }
+    return "unknown flag " + name + (near.empty() ? "" : " (did you mean " + near + "?)") +
+           "; the program and its arguments go after --, as in: sgpu run --gpus 2 -- python "
+           "train.py (sgpu run --help lists the flags)";
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,6 +200,8 @@ int main(int argc, char** argv) {
       "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
       "128+signal; 124 on timeout or hang; 3 when the node cannot serve the request; 2 for bad\n"
       "flags or options (a tracking URI that cannot work, say).\n"
+      "Standard input: every rank reads /dev/null (not sgpu's own standard input); give a\n"
+      "rank its input in a file or in its arguments.\n"
       "Example:\n"
       "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
       "print(os.environ[\"RANK\"])'\n"
@@ -259,6 +293,10 @@ int main(int argc, char** argv) {
 
   const auto run_model = sgpu::cli::add_model_command(app);
 
+  if (const std::string unknown = unknown_run_flag(*run_cmd, argc, argv); !unknown.empty()) {
+    std::cerr << "sgpu run: " << unknown << "\n";
+    return kUsageError;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -297,9 +335,9 @@ int main(int argc, char** argv) {
   options.rdzv_endpoint = rdzv_endpoint;
   options.rdzv_id = rdzv_id;
   try {
-    const sgpu::Timeout join = sgpu::parse_timeout(rdzv_timeout);
-    if (!join || join->count() <= 0) throw std::invalid_argument(rdzv_timeout);
-    options.rdzv_timeout = *join;
+    const sgpu::Timeout join = sgpu::parse_timeout(rdzv_timeout);  // none: the longest there is
+    if (join && join->count() <= 0) throw std::invalid_argument(rdzv_timeout);
+    options.rdzv_timeout = join ? *join : sgpu::kLongestDuration;
   } catch (const std::exception&) {
     std::cerr << "sgpu run: --rdzv-timeout takes seconds (more than 0), got \"" << rdzv_timeout
               << "\"\n";

@@ -140,6 +140,19 @@ void check_runnable(const std::string& program) {
                     "\": no executable of that name on PATH; give its path, or check the name");
 }
 
+// Durations past kLongestDuration (a C++ caller's std::chrono::milliseconds::max(), say)
+// as what they mean: no deadline for a timeout, the longest wait for a duration. Deadlines
+// are now + duration in the clocks' nanoseconds, which the rest would overflow.
+Options within_the_clocks(Options options) {
+  const auto longest = kLongestDuration;
+  for (Timeout* timeout : {&options.timeout, &options.hang_timeout}) {
+    if (*timeout && **timeout > longest) *timeout = kNoTimeout;
+  }
+  options.teardown_grace = std::min(options.teardown_grace, longest);
+  options.rdzv_timeout = std::min(options.rdzv_timeout, longest);
+  return options;
+}
+
 // Options::hang_timeout, unless SGPU_HANG_TIMEOUT (seconds, or none) says otherwise.
 Timeout hang_timeout_of(const Options& options) {
   const char* env = std::getenv("SGPU_HANG_TIMEOUT");
@@ -236,6 +249,15 @@ class CallImpl final : public detail::Call {
     finished_cv_.wait(lock, [this] { return finished_; });
     if (error_) std::rethrow_exception(error_);
     return results_;
+  }
+
+  std::vector<std::string> take_results() override {
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [this] { return finished_; });
+    if (error_) std::rethrow_exception(error_);
+    std::vector<std::string> taken = std::move(results_);
+    results_.assign(taken.size(), std::string());
+    return taken;
   }
 
   const std::vector<MemoryStats>& memory_stats() override {
@@ -684,7 +706,12 @@ class CallImpl final : public detail::Call {
       }
       if (phase_ == Phase::kTerminating && now >= phase_until_) {
         for (RankSlot& slot : slots_) {
-          if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGKILL);
+          if (slot.pid > 0 && !slot.exit) {
+            // While the rank lives, what it started (a daemon in a session of its own too)
+            // is in its tree, a child subreaper's; once it dies, that would be orphaned.
+            kill_descendants(slot.pid);
+            signal_group(slot.pid, SIGKILL);
+          }
         }
         enter(Phase::kKilling);
       }
@@ -1232,7 +1259,7 @@ std::shared_ptr<detail::Call> start(CallKind kind, const Options& given,
   const bool runs_a_program = kind != CallKind::kFunction;
   // This node's place (NOTE [Several nodes]); the options carry it from here on.
   const NodePlan nodes = plan_nodes(given);
-  Options options = given;
+  Options options = within_the_clocks(given);
   options.nnodes = nodes.nnodes;
   options.node_rank = nodes.node_rank;
   launcher::check_options(options, runs_a_program);

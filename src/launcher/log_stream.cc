@@ -58,15 +58,24 @@ void LogStream::pump() {
     if (file_) {
       if (const int error = write_all(file_.get(), data); error != 0) file_failed(error);
     }
-    pending_.append(data);
+    std::string_view rest = data;
+    if (cutting_) {  // what is left of a line already cut: to its newline, the file's only
+      const std::size_t nl = rest.find('\n');
+      if (nl == std::string_view::npos) continue;
+      rest.remove_prefix(nl + 1);
+      cutting_ = false;
+    }
+    pending_.append(rest);
     std::size_t start = 0;
     for (std::size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
       emit(std::string_view(pending_).substr(start, nl - start));
     }
     pending_.erase(0, start);
-    while (pending_.size() >= kMaxLine) {
-      emit(std::string_view(pending_).substr(0, kMaxLine));
-      pending_.erase(0, kMaxLine);
+    if (pending_.size() > kMaxLine) {
+      emit(pending_.substr(0, kMaxLine) + " [sgpu: line cut at " + std::to_string(kMaxLine >> 20) +
+           " MiB; " + file_path_.filename().string() + " in the run folder has all of it]");
+      cutting_ = true;  // pending_ holds no newline: the loop above took every one
+      pending_.clear();
     }
   }
 }

@@ -2,8 +2,9 @@
 // console line by line with a "[rank N] " prefix.
 //
 // A console line is written with a single write() under a process-wide lock, so no line
-// is ever split or mixed with another rank's, across calls too. A line longer than
-// kMaxLine is passed on in pieces of that size. The log file stops at the first write that
+// is ever split or mixed with another rank's, across calls too. A line is passed on whole
+// up to kMaxLine bytes; a longer one is cut there, marked as cut, and the rest of it is
+// left to the log file, which keeps every byte. The log file stops at the first write that
 // fails (a full runs folder), said once on the caller's stderr; the console goes on.
 #pragma once
 
@@ -20,7 +21,7 @@ namespace sgpu::launcher {
 
 class LogStream {
  public:
-  static constexpr std::size_t kMaxLine = 64 * 1024;
+  static constexpr std::size_t kMaxLine = 1 << 20;
   static constexpr std::size_t kTailLines = 20;
 
   // Takes each whole console line ("[rank N] " prefix and newline included).
@@ -53,6 +54,7 @@ class LogStream {
   Sink sink_;
   std::string prefix_;
   std::string pending_;
+  bool cutting_ = false;  // the rest of a line cut at kMaxLine: up to its newline, dropped
   std::deque<std::string> tail_;
 };
 

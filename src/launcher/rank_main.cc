@@ -89,26 +89,28 @@ void on_crash(int signal) {
 // rank does it: end_rank closes the rank's logger (tracking/rank_logger.h), and a SIGTERM
 // (teardown) is caught to do the same before the rank dies of it. The handler only wakes
 // a thread; the flush runs there, bounded so the rank still ends within the teardown
-// grace (what is not sent by then is spooled for the launcher to send).
+// grace (what is not sent by then is spooled for the launcher to send). Both ends also
+// kill what the rank started and left behind (kill_orphans).
 constexpr auto kFlushOnExitLimit = std::chrono::seconds(10);
 constexpr auto kFlushOnTerminateLimit = std::chrono::milliseconds(2500);
 int g_terminate_pipe[2] = {-1, -1};
 
 void on_terminate(int signal) {
-  if (!tracking::rank_logger_started()) {
+  const char byte = 1;
+  if (g_terminate_pipe[1] < 0 || ::write(g_terminate_pipe[1], &byte, 1) != 1) {
     ::signal(signal, SIG_DFL);
     ::raise(signal);
-    return;
   }
-  const char byte = 1;
-  [[maybe_unused]] ssize_t n = ::write(g_terminate_pipe[1], &byte, 1);
 }
+
+void kill_orphans();
 
 void flush_on_terminate() {
   char byte;
   while (::read(g_terminate_pipe[0], &byte, 1) < 0 && errno == EINTR) {
   }
-  tracking::close_rank_logger(kFlushOnTerminateLimit);
+  if (tracking::rank_logger_started()) tracking::close_rank_logger(kFlushOnTerminateLimit);
+  kill_orphans();  // what the rank started goes with it, a daemon in its own session too
   std::cout.flush();
   std::cerr.flush();
   ::signal(SIGTERM, SIG_DFL);
@@ -125,6 +127,9 @@ void install_terminate_flush() {
 
 void install_guards() {
   const contract::RankEnvironment env = contract::read_rank_environment();
+  // What the rank's children leave behind (a daemon: double-forked, or in a session of its
+  // own) is the rank's child, not init's, so the rank's end takes it along (kill_orphans).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   struct sigaction death {};
   death.sa_handler = kill_own_group;
   ::sigaction(kParentDeathSignal, &death, nullptr);
@@ -183,6 +188,7 @@ void record_rank_figures() {
 [[noreturn]] void end_rank(int code) {
   record_rank_figures();
   tracking::close_rank_logger(kFlushOnExitLimit);
+  kill_orphans();
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -214,32 +220,14 @@ std::string current_exception_type() {
   end_rank(1);
 }
 
-// What the program started and left to the supervisor (a child subreaper): killed and
-// reaped once the program has ended.
+// What a rank (or the program under a supervisor) started and left behind: a child
+// subreaper's, so its own children, wherever their session: killed and reaped at its end.
 void kill_orphans() {
   for (int round = 0; round < 10; ++round) {
-    bool any = false;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-      const std::string name = entry.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      const auto close = line.rfind(')');
-      if (close == std::string::npos) continue;
-      std::istringstream rest(line.substr(close + 1));
-      std::string state;
-      long ppid = 0;
-      rest >> state >> ppid;
-      if (ppid == ::getpid()) {
-        ::kill(std::stoi(name), SIGKILL);
-        any = true;
-      }
-    }
+    kill_descendants(::getpid());
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
-    if (!any) return;
+    if (children_of_this_process().empty()) return;
     ::usleep(10'000);
   }
 }

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "contract/atomic_file.h"
+#include "contract/front_end.h"
 
 namespace sgpu::serialize {
 namespace {
@@ -60,7 +61,7 @@ std::string size_text(std::size_t bytes) {
 
 RecordTooLarge::RecordTooLarge(std::size_t size, std::size_t limit)
     : RecordError("record of " + size_text(size) + " exceeds the limit of " + size_text(limit) +
-                  "; raise Options::max_payload_bytes or return less"),
+                  "; raise " + contract::spell("max_payload_bytes") + " or return less"),
       size_(size),
       limit_(limit) {}
 

@@ -6,10 +6,12 @@
 // override them (SGPU_BACKEND, SGPU_START_METHOD, SGPU_TRACKING=off).
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -26,17 +28,42 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(
 // (README "When a call hangs" says why 10 minutes).
 inline constexpr std::chrono::milliseconds kDefaultHangTimeout = std::chrono::minutes(10);
 
-// A timeout as a command line gives it: "none", or seconds (fractions allowed). Throws
-// std::invalid_argument for anything else, std::out_of_range for what is no number of
-// milliseconds ("inf", "nan", 1e300). The options' checks judge the value.
+// The longest duration sgpu keeps as a number: 100 years. A deadline that far out is no
+// deadline; longer ones would overflow the clocks' nanoseconds (292 years), so they are
+// taken as none (a timeout) or as this (a duration that must have a value).
+inline constexpr std::chrono::milliseconds kLongestDuration = std::chrono::hours(24 * 36525);
+
+// A timeout of `seconds`: +infinity and anything past kLongestDuration are no deadline;
+// other values (zero and negatives included, which the options' checks refuse) to the
+// millisecond. Throws std::invalid_argument for NaN.
+inline Timeout timeout_of_seconds(double seconds) {
+  if (std::isnan(seconds)) throw std::invalid_argument("a timeout of NaN seconds");
+  const double milliseconds = seconds * 1000;
+  if (milliseconds > static_cast<double>(kLongestDuration.count())) return kNoTimeout;
+  if (milliseconds < -static_cast<double>(kLongestDuration.count())) {
+    return -kLongestDuration;  // refused as not positive, but as a number that reads
+  }
+  return std::chrono::milliseconds(std::llround(milliseconds));
+}
+
+// A duration of `seconds` that must have a value (a grace, a join timeout): NaN throws
+// std::invalid_argument, anything past kLongestDuration (+infinity too) is kLongestDuration.
+inline std::chrono::milliseconds duration_of_seconds(double seconds) {
+  const Timeout timeout = timeout_of_seconds(seconds);
+  return timeout ? *timeout : kLongestDuration;
+}
+
+// A timeout as a command line gives it: "none", or seconds (fractions, "inf" and exponents
+// allowed: timeout_of_seconds judges them). Throws std::invalid_argument for anything else,
+// NaN included. The options' checks judge the value.
 inline Timeout parse_timeout(const std::string& text) {
   if (text == "none") return kNoTimeout;
-  const double milliseconds = std::stod(text) * 1000;
-  // Within +-2^62, so the conversion below is defined.
-  if (!(std::fabs(milliseconds) < 4.6e18)) {
-    throw std::out_of_range("timeout of " + text + " seconds");
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);  // past a double's range: +-inf
+  if (text.empty() || end != text.c_str() + text.size() || std::isspace(text[0])) {
+    throw std::invalid_argument("\"" + text + "\" is not a number of seconds");
   }
-  return std::chrono::milliseconds(static_cast<long long>(milliseconds));
+  return timeout_of_seconds(seconds);
 }
 
 // How rank processes start. kForkServer (what kAuto means) forks each rank from a warm

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "sgpu/config.h"
+#include "sgpu/errors.h"
 #include "tracking/file/file_store.h"
 #include "tracking/sqlite/sqlite_store.h"
 #if SGPU_WITH_TRACKING_SERVER
@@ -57,9 +58,15 @@ std::string tracking_uri_from_environment() {
 
 bool tracking_enabled_by_environment() {
   const char* value = std::getenv("SGPU_TRACKING");
-  if (value == nullptr) return true;
+  if (value == nullptr || *value == '\0') return true;
   const std::string v(value);
-  return !(v == "off" || v == "0" || v == "false" || v == "no" || v == "OFF" || v == "False");
+  if (v == "off" || v == "0" || v == "false" || v == "no" || v == "OFF" || v == "False") {
+    return false;
+  }
+  if (v == "on" || v == "1" || v == "true" || v == "yes" || v == "ON" || v == "True") return true;
+  throw ConfigError("SGPU_TRACKING=" + v +
+                    " is neither on nor off: \"off\" (or 0, false, no) records no MLflow run, "
+                    "\"on\" (or 1, true, yes, or leaving it unset) records one");
 }
 
 }  // namespace sgpu::tracking

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "backend/gpu_type.h"
 #include "sgpu/errors.h"
 #include "sim/node_spec.h"
@@ -66,12 +68,27 @@ TEST(Selection, MixedNodeWithTooFewOfTheType) {
 TEST(Selection, NoGpuNamesTheSimulatedBackend) {
   Inventory none;
   none.unavailable_reason = "no CUDA driver";
+  const std::string given = std::getenv("SGPU_BACKEND") ? std::getenv("SGPU_BACKEND") : "";
+  ::unsetenv("SGPU_BACKEND");
   try {
     select_devices(none, 1, "", "cuda");
     FAIL();
   } catch (const AcceleratorMismatchError& e) {
     expect_has(e.what(), "no CUDA driver");
     expect_has(e.what(), "backend=\"sim\"");
+  }
+  // Where SGPU_BACKEND chose cuda, the advice is the variable's, not the option's.
+  ::setenv("SGPU_BACKEND", "cuda", 1);
+  try {
+    select_devices(none, 1, "", "cuda");
+    FAIL();
+  } catch (const AcceleratorMismatchError& e) {
+    expect_has(e.what(), "set SGPU_BACKEND=sim (SGPU_BACKEND=cuda decides the backend here");
+  }
+  if (given.empty()) {
+    ::unsetenv("SGPU_BACKEND");
+  } else {
+    ::setenv("SGPU_BACKEND", given.c_str(), 1);
   }
 }
 

@@ -64,7 +64,11 @@ TEST(ConfigError, UnknownBackend) {
 TEST(ConfigError, SgpuBackendOverridesTheOption) {
   auto o = sim();
   ::setenv("SGPU_BACKEND", "tpu", 1);
-  expect_has(error_of<sgpu::ConfigError>(o), "unknown backend \"tpu\"");
+  expect_has(error_of<sgpu::ConfigError>(o), "SGPU_BACKEND=tpu names no backend");
+  // An invalid option is invalid whatever overrides it.
+  ::setenv("SGPU_BACKEND", "sim", 1);
+  o.backend = "nccl";
+  expect_has(error_of<sgpu::ConfigError>(o), "unknown backend \"nccl\"");
   ::setenv("SGPU_BACKEND", "sim", 1);
 }
 

@@ -9,6 +9,19 @@ import pytest
 from process_table import alive, is_fork_server, processes_with_marker, wait_until  # noqa: F401
 
 
+def pytest_configure(config):
+    """These tests are of this checkout's package: refuse another checkout's (the one the
+    venv's sgpu-build.pth names, when ci/build ran last elsewhere), loudly."""
+    import sgpu
+
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    built = checkout / "build" / "python"
+    found = pathlib.Path(sgpu.__file__).resolve().parent.parent
+    if built.is_dir() and found != built and (found / ".." / ".." / ".git").exists():
+        pytest.exit(f"sgpu is imported from {found}, another checkout's build, not this one's "
+                    f"({built}); run with PYTHONPATH={built}, as ctest does", returncode=2)
+
+
 def distributed_error(raised: BaseException):
     """The sgpu.DistributedError behind what a call raised: itself, or the cause of a rank's
     own exception raised as itself."""

@@ -77,6 +77,29 @@ def test_a_ranks_exception_is_raised_as_itself_with_the_remote_traceback():
     assert [row.kind for row in cause.ranks] == ["terminated", "terminated", "exception"]
 
 
+@pytest.mark.parametrize("ending, kind, said", [
+    ("sys.exit(0)", "SystemExit", "called sys.exit(0)"),
+    ("sys.exit(3)", "SystemExit", "called sys.exit(3)"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt", "ended by KeyboardInterrupt"),
+    ("raise GeneratorExit", "GeneratorExit", "ended by GeneratorExit"),
+])
+def test_a_rank_that_ends_by_a_base_exception_fails_the_call_and_not_the_caller(
+        ending, kind, said):
+    namespace = {"sgpu": sgpu, "sys": sys}
+    exec(textwrap.dedent(f"""
+        def ends():
+            if sgpu.get_global_rank() == 1:
+                {ending}
+            return sgpu.get_global_rank()
+        """), namespace)
+    fn = distributed(gpus=2, tracking=False)(namespace["ends"])
+    with pytest.raises(sgpu.DistributedError) as caught:
+        fn.distributed()
+    root = caught.value.root_cause
+    assert (root.rank, root.kind, root.exception_type) == (1, "exception", kind)
+    assert said in root.message
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_finished_call_holds_no_store_and_its_handle_goes_with_its_last_reference(
         fails, tmp_path, monkeypatch):
@@ -175,6 +198,11 @@ def test_an_unpicklable_result_names_the_rank():
         ({"start_method": "spawn"}, "start_method"),
         ({"console_ranks": [0, 9], "gpus": 2}, "console_ranks names rank 9"),
         ({"backend": "tpu"}, "tpu"),
+        ({"timeout": True}, "timeout must be seconds"),
+        ({"timeout": float("nan")}, "timeout must be positive seconds, got nan"),
+        ({"hang_timeout": False}, "hang_timeout must be seconds"),
+        ({"teardown_grace": float("nan")}, "teardown_grace must be seconds"),
+        ({"teardown_grace": True}, "teardown_grace must be seconds"),
     ],
 )
 def test_bad_options_are_config_errors_before_anything_starts(options, match, monkeypatch):
@@ -204,6 +232,20 @@ def test_a_payload_over_the_limit_names_its_largest_parts():
 
     with pytest.raises(sgpu.ConfigError, match=r"max_payload_bytes.*the largest: captured big \(2\d\d,\d\d\d bytes\)"):
         uses_big.distributed(b"y")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(timeout=st.one_of(st.floats(min_value=5, max_value=1e300), st.just(float("inf")),
+                         st.sampled_from([1e10, 2**63 / 1000, 1e18, 9.3e15])),
+       hang=st.one_of(st.none(), st.floats(min_value=5, max_value=1e300),
+                      st.just(float("inf"))),
+       grace=st.one_of(st.floats(min_value=0, max_value=1e300), st.just(float("inf"))))
+def test_any_long_enough_deadline_lets_a_quick_call_finish(timeout, hang, grace):
+    """Past what the clocks hold, a timeout is none and a grace the longest there is: never a
+    deadline that wrapped around into the past."""
+    fn = distributed(gpus=2, tracking=False, timeout=timeout, hang_timeout=hang,
+                     teardown_grace=grace)(whoami)
+    assert fn.distributed(1) == [(0, 2, 0, 0), (1, 2, 1, 1)]
 
 
 def test_the_deadline_raises_sgpu_timeout_error_naming_the_running_ranks():
@@ -258,6 +300,22 @@ def test_ranks_output_reaches_python_streams(capsys):
     out, err = capsys.readouterr()
     assert "[rank 0] hello from 0\n" in out and "[rank 1] hello from 1\n" in out
     assert err.count("to stderr") == 2
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(line=st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")))
+def test_any_bytes_a_rank_writes_reach_the_console_as_python_would_show_them(line, capsys):
+    capsys.readouterr()
+
+    @distributed(gpus=1, tracking=False)
+    def write(data):
+        sys.stdout.buffer.write(b"<" + data + b">\n")
+        sys.stdout.buffer.flush()
+
+    write.distributed(line)
+    out, err = capsys.readouterr()
+    assert "[rank 0] <" + line.decode("utf-8", "replace") + ">\n" in out
+    assert "UnicodeDecodeError" not in err
 
 
 @pytest.mark.parametrize(
@@ -422,3 +480,211 @@ def test_results_decode_in_the_caller_with_pickle():
 
     assert makes_dict.distributed() == [{"rank": r, "nested": [1, (2, 3)]} for r in range(2)]
     assert pickle.loads(pickle.dumps(sgpu.errors.RankFailure(0, 0, 1, "ok", None, None, "", "", "", 0.0, False, "")))
+
+
+def _call_and_report(queue):
+    import mlflow
+
+    fn = distributed(gpus=1)(whoami)
+    fn.distributed(1)
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    queue.put(sorted(r.info.run_id for r in runs))
+
+
+def test_callers_forked_from_a_caller_make_runs_of_their_own(tmp_path, monkeypatch):
+    """A forked caller (a multiprocessing child, a pool) draws run ids the parent and its
+    siblings never draw: each call is a run of its own in the one database."""
+    import multiprocessing
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    distributed(gpus=1)(whoami).distributed(1)  # the parent has drawn before it forks
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    children = [context.Process(target=_call_and_report, args=(queue,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    distributed(gpus=1)(whoami).distributed(1)
+    seen = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    import mlflow
+
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert len(runs) == 4 and len({r.info.run_id for r in runs}) == 4
+    assert all(len(s) >= 2 for s in seen)
+
+
+def test_large_results_are_held_at_most_half_again_their_size_in_the_caller(tmp_path):
+    """Each rank's result record is decoded and dropped in turn, never held twice over."""
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent("""
+        import resource, sgpu
+
+        @sgpu.distributed(gpus=4, tracking=False, max_payload_bytes=1 << 30)
+        def big():
+            return bytes(64 << 20)
+
+        def rss():
+            with open("/proc/self/status") as status:
+                return next(int(l.split()[1]) for l in status if l.startswith("VmRSS:")) * 1024
+
+        big.distributed()  # the fork server and the first call's costs, before measuring
+        before = rss()
+        results = big.distributed()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(sum(map(len, results)), peak - before)
+        """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    size, grown = map(int, done.stdout.split()[-2:])
+    assert size == 4 * (64 << 20)
+    assert grown <= 1.5 * size, f"the caller grew by {grown / size:.2f}x the results"
+
+
+def test_environment_overrides_are_named_and_invalid_values_refused(monkeypatch):
+    monkeypatch.setenv("SGPU_BACKEND", "sim")
+    with pytest.raises(sgpu.ConfigError, match='unknown backend "nccl"'):
+        distributed(backend="nccl")(whoami).distributed(1)  # invalid whatever overrides it
+    monkeypatch.setenv("SGPU_BACKEND", "tpu")
+    with pytest.raises(sgpu.ConfigError, match="SGPU_BACKEND=tpu names no backend"):
+        distributed()(whoami).distributed(1)
+    monkeypatch.setenv("SGPU_BACKEND", "cuda")  # no GPU here: the advice names the variable
+    with pytest.raises(sgpu.AcceleratorMismatchError) as caught:
+        distributed(backend="sim")(whoami).distributed(1)
+    assert "set SGPU_BACKEND=sim (SGPU_BACKEND=cuda decides the backend here" in str(caught.value)
+    assert 'pass backend="sim"' not in str(caught.value)
+    monkeypatch.setenv("SGPU_BACKEND", "sim")
+    monkeypatch.setenv("SGPU_TRACKING", "maybe")
+    with pytest.raises(sgpu.ConfigError, match="SGPU_TRACKING=maybe is neither on nor off"):
+        distributed()(whoami).distributed(1)
+
+
+def test_a_coroutine_function_is_refused_saying_what_to_do():
+    async def fetch():
+        return 1
+
+    with pytest.raises(sgpu.ConfigError, match="coroutine function") as caught:
+        distributed(gpus=1)(fetch).distributed()
+    assert "asyncio.run" in str(caught.value)
+
+
+def test_a_line_is_shown_whole_up_to_a_mebibyte_and_a_longer_one_cut_and_marked(capsys):
+    @distributed(gpus=1, tracking=False, keep_run_dir=True)
+    def long_lines():
+        print("a" * 900_000)
+        print("b" * (2 << 20))
+        print("after")
+
+    handle = long_lines.launch()
+    handle.result()
+    out, _ = capsys.readouterr()
+    lines = out.splitlines()
+    assert "[rank 0] " + "a" * 900_000 in lines
+    cut = next(line for line in lines if line.startswith("[rank 0] bbb"))
+    assert cut == "[rank 0] " + "b" * (1 << 20) + (
+        " [sgpu: line cut at 1 MiB; stdout.log in the run folder has all of it]")
+    assert "[rank 0] after" in lines
+    with open(os.path.join(handle.run_dir, "rank-0", "stdout.log")) as log:
+        assert "b" * (2 << 20) + "\nafter\n" in log.read()
+
+
+def test_a_database_that_cannot_be_made_says_where_else_to_record(monkeypatch, tmp_path):
+    monkeypatch.chdir("/proc")  # a folder nothing can be created in, as a read-only one
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(sgpu.TrackingError) as caught:
+        distributed(gpus=1)(whoami).distributed(1)
+    message = str(caught.value)
+    assert "cannot open the MLflow database /proc/mlflow.db" in message
+    assert 'tracking_uri="sqlite:////path/mlflow.db"' in message
+    assert "tracking=False" in message
+
+
+@pytest.mark.skipif(not os.access(os.environ.get("SGPU_CLI", ""), os.X_OK),
+                    reason="SGPU_CLI names no sgpu binary")
+def test_the_run_of_a_decorator_caller_killed_outright_is_ended_killed(tmp_path):
+    """A caller killed by SIGKILL cannot end its call's run: the next sync finds its record
+    no longer locked and ends the run KILLED, as for sgpu run."""
+    import mlflow
+
+    database = "sqlite:///" + str(tmp_path / "mlflow.db")
+    runs = tmp_path / "runs"
+    marker = f"SGPU_TEST_MARKER={os.getpid()}-decorator-sigkill"
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent("""
+        import time, sgpu
+
+        @sgpu.distributed(gpus=2)
+        def sleeps():
+            print("up", flush=True)
+            time.sleep(1000)
+
+        sleeps.distributed()
+        """))
+    env = dict(os.environ, MLFLOW_TRACKING_URI=database, SGPU_RUNS_DIR=str(runs),
+               SGPU_TEST_MARKER=marker.split("=", 1)[1])
+    child = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    import sqlite3
+
+    def rows():  # read without MLflow's client, which would make the database if it were not
+        if not (tmp_path / "mlflow.db").exists():
+            return []
+        with sqlite3.connect(tmp_path / "mlflow.db") as db:
+            return [status for (status,) in db.execute("SELECT status FROM runs")]
+
+    assert wait_until(lambda: rows() == ["RUNNING"] and len(processes_with_marker(marker)) >= 4,
+                      limit=120), (rows(), processes_with_marker(marker))
+    client = mlflow.MlflowClient(tracking_uri=database)
+
+    def status():
+        return [r.info.status for r in client.search_runs(experiment_ids=["0"])]
+
+    child.kill()
+    child.communicate()
+    assert wait_until(lambda: processes_with_marker(marker) == [], limit=20)
+    synced = subprocess.run([os.environ["SGPU_CLI"], "tracking", "sync", "--log-dir", str(runs)],
+                            capture_output=True, text=True, timeout=60)
+    assert synced.returncode == 0, synced.stderr
+    assert "left running by a caller that died" in synced.stderr + synced.stdout
+    assert status() == ["KILLED"]
+
+
+def _start_daemon(marker, double_fork):
+    """A process of the rank's that leaves its process group: a session of its own
+    (Popen(start_new_session=True)), or a classic double-forked daemon."""
+    env = dict(os.environ, SGPU_TEST_MARKER=marker)
+    if not double_fork:
+        subprocess.Popen(["sleep", "1000"], start_new_session=True, env=env)
+        return
+    subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess, sys
+        if os.fork() == 0:
+            os.setsid()
+            subprocess.Popen(["sleep", "1000"])
+        """)], env=env).wait()
+
+
+@pytest.mark.parametrize("ending, double_fork, method", [
+    ("returns", False, "fork-server"), ("returns", True, "fork-server"),
+    ("times out", False, "fork-server"), ("returns", False, "exec"),
+    ("times out", True, "exec")])
+def test_no_process_a_rank_started_outlives_the_call(ending, double_fork, method):
+    marker = f"{os.getpid()}-daemon-{ending.replace(' ', '-')}-{double_fork}-{method}"
+
+    @distributed(gpus=2, tracking=False, start_method=method,
+                 timeout=8 if ending == "times out" else 300, teardown_grace=1)
+    def leaves_a_daemon():
+        _start_daemon(marker, double_fork)
+        if ending == "times out":
+            time.sleep(1000)
+        return sgpu.get_global_rank()
+
+    if ending == "returns":
+        assert leaves_a_daemon.distributed() == [0, 1]
+    else:
+        with pytest.raises(sgpu.TimeoutError):
+            leaves_a_daemon.distributed()
+    assert wait_until(lambda: processes_with_marker(f"SGPU_TEST_MARKER={marker}") == [],
+                      limit=10), processes_with_marker(f"SGPU_TEST_MARKER={marker}")

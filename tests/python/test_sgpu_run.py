@@ -272,3 +272,27 @@ def test_a_runs_folder_that_fills_up_is_said_and_never_crashes_the_caller(tmp_pa
                          env={"SGPU_TRACKING": "off"})
     assert code == 1, err
     assert "cannot allocate the collective ring" in err and "No space left on device" in err, err
+
+
+@pytest.mark.parametrize("timeout", ["1e10", "inf", "1e400", "9.3e15", "none", "30"])
+def test_any_long_enough_timeout_lets_a_quick_program_finish(tmp_path, timeout):
+    code, out, err = run(tmp_path, "print('done')", "--gpus", "2", "--timeout", timeout,
+                         "--hang-timeout", timeout, env={"SGPU_TRACKING": "off"})
+    assert code == 0, err
+    assert out.count("done") == 2
+
+
+@pytest.mark.parametrize("timeout", ["nan", "abc", "0", "-5", " 5"])
+def test_a_timeout_that_is_no_positive_number_is_refused(tmp_path, timeout):
+    code, _, err = run(tmp_path, "print('done')", "--gpus", "1", "--timeout", timeout,
+                       env={"SGPU_TRACKING": "off"})
+    assert code == 2, err
+    assert f'--timeout takes seconds or none, got "{timeout}"' in err
+
+
+def test_an_unknown_flag_is_named_with_the_one_meant(tmp_path):
+    done = subprocess.run([SGPU, "run", "--gpu", "2", "--", "echo", "hi"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown flag --gpu (did you mean --gpus?)" in done.stderr
+    assert "arguments not expected" not in done.stderr

@@ -42,11 +42,53 @@ def outcome_of(error: BaseException) -> dict:
     root = cause.root_cause
     found = {"status": "failed", "type": type(cause).__name__, "message": str(cause)[:4000]}
     if root is not None:
-        found.update(rank=root.rank, kind=root.kind, exit_code=root.exit_code, signal=root.signal)
+        found.update(rank=root.rank, kind=root.kind, exit_code=root.exit_code, signal=root.signal,
+                     exception_type=root.exception_type)
     diagnosis = getattr(cause, "collectives", None)
     if diagnosis is not None:
         found["culprits"] = list(diagnosis.culprits)
     return found
+
+
+def make(call: dict, options: dict) -> dict:
+    """Makes the call; what it returned or raised, as the soak reads it."""
+    handle = function = None
+    try:
+        function = sgpu.distributed(**options)(work.work)
+        handle = function.launch(call["dir"], call["elements"], call["steps"], call["pause"],
+                                 b"\x5a" * call["blob_bytes"], daemon=call["case"] == "daemon",
+                                 exit_rank=call["exit_rank"])
+        results = handle.result()
+        found = {"status": "ok", "results": results}
+    except sgpu.Error as error:  # every error sgpu raises, a rank's own re-raised included
+        found = outcome_of(error)
+    except Exception as error:  # a rank's own exception, raised as itself
+        found = outcome_of(error)
+    found["run_dir"] = handle.run_dir if handle is not None else ""
+    del handle, function  # what the call holds goes with them
+    return found
+
+
+def in_a_forked_child(run) -> dict:
+    """`run()` in a child forked from this caller (a multiprocessing fork child, a pool);
+    what it returned, through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            found = run()
+        except BaseException as error:  # noqa: BLE001 - the parent reports it
+            found = {"status": "error", "type": type(error).__name__, "message": str(error)}
+        with os.fdopen(write, "w") as out:
+            out.write(json.dumps(found))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as got:
+        text = got.read()
+    os.waitpid(pid, 0)
+    return json.loads(text) if text else {"status": "error", "type": "fork",
+                                           "message": "the forked caller said nothing"}
 
 
 def main() -> None:
@@ -60,19 +102,10 @@ def main() -> None:
                        sim_faults=call["plan"], runs_dir=call["runs_dir"], name=call["name"])
         pathlib.Path(call["dir"]).mkdir(parents=True, exist_ok=True)
         say(event="start", call=index)
-        handle = function = None
-        try:
-            function = sgpu.distributed(**options)(work.work)
-            handle = function.launch(call["dir"], call["elements"], call["steps"], call["pause"],
-                                     b"\x5a" * call["blob_bytes"])
-            results = handle.result()
-            found = {"status": "ok", "results": results}
-        except sgpu.Error as error:  # every error sgpu raises, a rank's own re-raised included
-            found = outcome_of(error)
-        except Exception as error:  # a rank's own exception, raised as itself
-            found = outcome_of(error)
-        found["run_dir"] = handle.run_dir if handle is not None else ""
-        del handle, function  # what the call holds goes with them
+        if call["case"] == "fork":  # the call from a forked child of this caller
+            found = in_a_forked_child(lambda: make(call, options))
+        else:
+            found = make(call, options)
         say(event="end", call=index, descriptors=descriptors(), zombies=zombie_children(), **found)
 
 

@@ -55,6 +55,11 @@ class Call:
     fault_code: int = 0
     kill: Optional[tuple] = None  # ("rank", r, sig), ("server", sig), ("caller", sig)
     full_disk: bool = False
+    # One of the cases a user broke before: "sys_exit" (a rank ends by sys.exit), "daemon"
+    # (each rank starts a process in a session of its own), "fork" (the caller makes the
+    # call from a forked child of itself: its run id must be its own).
+    case: str = ""
+    exit_rank: int = -1
     timeout: float = 240.0
     hang_timeout: float = 6.0
     dir: str = ""
@@ -99,7 +104,13 @@ class Soak:
         call.runs_dir = str(job.dir / "runs")
         roll = r.random()
         if roll < 0.25:
-            pass  # a call that succeeds
+            # A call that succeeds, or one of the cases: a daemon left by every rank (which
+            # must not outlive the call), a forked caller (Python's), a rank's sys.exit.
+            cases = [""] + (["daemon"] if job.kind != "cpp-decorator" else []) + (
+                ["sys_exit", "fork"] if job.kind == "decorator" else [])
+            call.case = r.choice(cases)
+            if call.case == "sys_exit":
+                call.exit_rank = r.randrange(world)
         elif roll < 0.65:
             self.plan_fault(call)
         elif roll < 0.9 or not last:
@@ -228,7 +239,8 @@ class Soak:
                    "--timeout", str(int(call.timeout)), "--hang-timeout", str(int(call.hang_timeout)),
                    "--run-name", call.name, "--log-dir", call.runs_dir, "--",
                    sys.executable, str(HERE / "work.py"), call.dir, str(call.elements),
-                   str(call.steps), str(call.pause), str(call.chatter)]
+                   str(call.steps), str(call.pause), str(call.chatter),
+                   "1" if call.case == "daemon" else "0"]
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
         chaos = self.start_chaos(job, call, child)
@@ -257,6 +269,8 @@ class Soak:
     def start_chaos(self, job: Job, call: Call, child) -> Optional[threading.Thread]:
         self.counts["calls"] += 1
         self.counts[f"calls.{job.kind}"] += 1
+        if call.case:
+            self.counts[f"cases.{call.case}"] += 1
         if call.plan:
             self.counts[f"faults.{call.action}"] += 1
         if call.full_disk:
@@ -319,6 +333,9 @@ class Soak:
             return {"status": "failed", "rank": call.kill[1], "kind": "signal", "signal": int(call.kill[2])}
         if call.kill and call.kill[0] == "server":
             return {"status": "any"}
+        if call.case == "sys_exit":  # a DistributedError naming what the rank raised
+            return {"status": "failed", "rank": call.exit_rank, "kind": "exception",
+                    "exception_type": "SystemExit"}
         action = call.action
         if not call.plan or action == "slow":
             return {"status": "ok"}

@@ -20,7 +20,7 @@ def _announce(call_dir: pathlib.Path, name: str, text: str) -> None:
 
 
 def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b"",
-         chatter: int = 0) -> dict:
+         chatter: int = 0, daemon: bool = False, exit_rank: int = -1) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -41,13 +41,19 @@ def work(call_dir: str, elements: int, steps: int, pause: float, blob: bytes = b
             if step == 0:
                 for line in range(chatter):  # output enough to fill a small runs folder
                     print(f"chatter {line:06d} " + "x" * 100)
+                if daemon:  # a process that leaves the rank's group: it must not outlive the call
+                    import subprocess
+
+                    subprocess.Popen(["sleep", "1000"], start_new_session=True)
                 _announce(folder, f"rank-{rank}.ready", "")
+            if step == 1 and rank == exit_rank:
+                sys.exit(7)
             time.sleep(pause)
         return {"rank": rank, "world": world, "blob": zlib.crc32(blob), "bytes": len(blob)}
     finally:
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":  # a program's rank under sgpu run: work.py DIR ELEMENTS STEPS PAUSE CHATTER
+if __name__ == "__main__":  # a program's rank: work.py DIR ELEMENTS STEPS PAUSE CHATTER DAEMON
     print(work(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
-               chatter=int(sys.argv[5])), flush=True)
+               chatter=int(sys.argv[5]), daemon=sys.argv[6] == "1"), flush=True)

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backend/backend_table.h"
+#include "backend/selection.h"
 #include "contract/front_end.h"
 #include "sgpu/errors.h"
 
@@ -18,6 +19,13 @@ std::string known_backends_text() {
     text += "\"" + std::string(entry.name) + "\"";
   }
   return text;
+}
+
+bool has_backend(std::string_view name) {
+  for (const BackendEntry& entry : backend_table()) {
+    if (entry.name == name) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -43,7 +51,18 @@ const Backend& rank_backend(const contract::RankEnvironment& env) {
 
 const Backend& choose_backend(const Options& options) {
   std::string name = options.backend;
-  if (const char* env = std::getenv("SGPU_BACKEND"); env != nullptr && *env != '\0') name = env;
+  // An invalid value is invalid whatever overrides it: "nccl" is no backend, even where
+  // SGPU_BACKEND decides.
+  if (name != "auto" && name != "cuda" && name != "sim") {
+    find_backend(name);  // ConfigError naming the backends there are
+  }
+  if (const char* env = std::getenv("SGPU_BACKEND"); env != nullptr && *env != '\0') {
+    name = env;
+    if (name != "auto" && !has_backend(name)) {
+      throw ConfigError("SGPU_BACKEND=" + name + " names no backend; this build has " +
+                        known_backends_text() + " and \"auto\"");
+    }
+  }
   if (name != "auto") return find_backend(name);
   std::string reasons;
   for (const BackendEntry& entry : backend_table()) {
@@ -55,8 +74,8 @@ const Backend& choose_backend(const Options& options) {
   }
   if (reasons.empty()) reasons = "; this build has no real GPU backend (built without CUDA)";
   throw AcceleratorMismatchError("backend \"auto\" found no GPU on this node" + reasons +
-                                 ". To run on simulated GPUs, pass " +
-                                 contract::spell("backend", "sim") + " or set SGPU_BACKEND=sim");
+                                 ". To run on simulated GPUs, " + backend_advice("sim") +
+                                 (std::getenv("SGPU_BACKEND") ? "" : " or set SGPU_BACKEND=sim"));
 }
 
 }  // namespace sgpu::backend

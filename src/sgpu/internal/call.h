@@ -32,6 +32,10 @@ class Call {
   // throws DistributedError (TimeoutError, CancelledError). Later calls return or throw
   // the same again.
   virtual const std::vector<std::string>& wait() = 0;
+  // wait(), then each rank's result bytes moved out to the caller, so that a caller that
+  // decodes them one by one (Python) never holds them twice; wait() returns them empty
+  // from then on.
+  virtual std::vector<std::string> take_results() = 0;
   // True when the call finished within `limit` (wait() then returns at once).
   virtual bool wait_for(std::chrono::milliseconds limit) = 0;
   // Tears the ranks down; wait() then throws CancelledError. No-op once finished.
