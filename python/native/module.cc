@@ -400,9 +400,12 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
                                                      const std::vector<int>& global_ranks) {
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.backend.empty()) {
-    throw Error(
-        "the \"sgpu\" process-group backend is for ranks that sgpu started; outside one, use "
-        "\"gloo\" or \"nccl\"");
+    // A RuntimeError, as torch's own backends raise. Outside a launch there is no fault
+    // plan's rank, no recorder and no run folder, so the backend refuses rather than run
+    // with each of them quietly missing.
+    throw std::runtime_error(
+        "the \"sgpu\" process-group backend is for ranks that sgpu started (no SGPU_RANK_BACKEND "
+        "in this process's environment); outside one, use \"gloo\" or \"nccl\"");
   }
   backend::ProcessGroupRequest request;
   request.store = store;

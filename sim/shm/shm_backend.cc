@@ -154,6 +154,7 @@ class DoneWork final : public c10d::Work {
 };
 
 constexpr std::size_t kMessageHeader = 16;  // tag, bytes
+constexpr int kAnySource = -1;              // a receive's peer until a sender matches it
 
 struct P2P {
   bool send = true;
@@ -300,10 +301,19 @@ class ShmBackend final : public c10d::Backend {
     std::vector<at::Tensor> flat;
     for (auto& list : outputs) flat.insert(flat.end(), list.begin(), list.end());
     return run(c10d::OpType::ALLGATHER_COALESCED, flat, [&] {
-      TORCH_CHECK(outputs.size() == inputs.size(), "allgather_coalesced: ", outputs.size(),
-                  " output lists for ", inputs.size(), " inputs");
+      // c10d's layout: outputs[rank][input], one list a rank, each as long as the inputs.
+      TORCH_CHECK(static_cast<int>(outputs.size()) == size_,
+                  "allgather_coalesced: ", outputs.size(), " output lists for a world of ", size_,
+                  " (one a rank)");
+      for (const auto& list : outputs) {
+        TORCH_CHECK(list.size() == inputs.size(), "allgather_coalesced: an output list of ",
+                    list.size(), " tensors for ", inputs.size(), " inputs");
+      }
       for (std::size_t i = 0; i < inputs.size(); ++i) {
-        gather_into(Kind::kAllgather, inputs[i], outputs[i], -1);
+        std::vector<at::Tensor> pieces;
+        pieces.reserve(outputs.size());
+        for (auto& list : outputs) pieces.push_back(list[i]);
+        gather_into(Kind::kAllgather, inputs[i], pieces, -1);
       }
     });
   }
@@ -459,10 +469,23 @@ class ShmBackend final : public c10d::Backend {
     return point_to_point(tensors, src, tag, /*send=*/false);
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    TORCH_CHECK(false,
-                "sgpu's shared-memory transport has no receive from any source: name "
-                "the sender, or use SGPU_SIM_TRANSPORT=gloo");
+  // From whichever rank first sends a message of this tag; the Work's sourceRank() says who.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return point_to_point(tensors, kAnySource, tag, /*send=*/false);
+  }
+
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) override {
+    // A barrier under its own timeout, which names every rank that never arrived.
+    std::lock_guard lock(mutex_);
+    const std::chrono::milliseconds saved = timeout_;
+    if (opts.timeout != c10d::kUnsetTimeout) timeout_ = opts.timeout;
+    try {
+      barrier(opts)->wait();
+    } catch (...) {
+      timeout_ = saved;
+      throw;
+    }
+    timeout_ = saved;
   }
 
   // The p2p side, for P2PWork.
@@ -811,23 +834,51 @@ class ShmBackend final : public c10d::Backend {
 
   // Ends every send and recv in flight with `error`.
   void fail_p2p(std::exception_ptr error) {
-    for (auto* queues : {&sends_, &recvs_}) {
-      for (auto& queue : *queues) {
-        for (const auto& op : queue) {
-          op->error = error;
-          op->done = true;
-        }
-        queue.clear();
+    const auto fail = [&](std::deque<std::shared_ptr<P2P>>& queue) {
+      for (const auto& op : queue) {
+        op->error = error;
+        op->done = true;
       }
+      queue.clear();
+    };
+    for (auto* queues : {&sends_, &recvs_}) {
+      for (auto& queue : *queues) fail(queue);
     }
+    fail(any_recvs_);
   }
 
-  // Moves every send and recv in flight as far as the rings allow.
+  // Moves every send and recv in flight as far as the rings allow. A receive from any
+  // source takes the first sender whose next message has its tag, among those no receive
+  // named already waits on (messages between two ranks are taken in order).
   void progress() {
     for (int peer = 0; peer < size_; ++peer) {
       while (!sends_[peer].empty() && push(*sends_[peer].front())) sends_[peer].pop_front();
       while (!recvs_[peer].empty() && pull(*recvs_[peer].front())) recvs_[peer].pop_front();
     }
+    while (!any_recvs_.empty()) {
+      const int from = sender_with(any_recvs_.front()->tag);
+      if (from < 0) break;
+      any_recvs_.front()->peer = from;
+      recvs_[from].push_back(std::move(any_recvs_.front()));
+      any_recvs_.pop_front();
+      while (!recvs_[from].empty() && pull(*recvs_[from].front())) recvs_[from].pop_front();
+    }
+  }
+
+  // A rank whose next message to this one, whole header there, has `tag`; -1 for none.
+  int sender_with(std::uint64_t tag) const {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_ || !recvs_[peer].empty()) continue;
+      const ChannelHeader& ch = segment_->channel(peer, rank_);
+      const std::uint64_t head = ch.head.load(std::memory_order_acquire);
+      const std::uint64_t tail = ch.tail.load(std::memory_order_relaxed);
+      if (head - tail < kMessageHeader) continue;
+      std::uint64_t header[2];
+      ring_read(segment_->ring(peer, rank_), tail, reinterpret_cast<std::byte*>(header),
+                kMessageHeader);
+      if (header[0] == tag) return peer;
+    }
+    return -1;
   }
 
   void ring_write(std::byte* ring, std::uint64_t at, const std::byte* src, std::size_t n) const {
@@ -930,14 +981,15 @@ class ShmBackend final : public c10d::Backend {
   std::string broken_;
   std::vector<std::deque<std::shared_ptr<P2P>>> sends_;
   std::vector<std::deque<std::shared_ptr<P2P>>> recvs_;
+  std::deque<std::shared_ptr<P2P>> any_recvs_;  // receives from any source, not yet matched
 };
 
 c10::intrusive_ptr<c10d::Work> ShmBackend::point_to_point(std::vector<at::Tensor>& tensors,
                                                           int peer, int tag, bool send) {
   const char* what = send ? "send" : "recv";
   TORCH_CHECK(tensors.size() == 1, what, " takes one tensor, not ", tensors.size());
-  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": rank ", peer,
-              " is not another rank of the group (size ", size_, ")");
+  TORCH_CHECK((peer >= 0 && peer < size_ && peer != rank_) || (!send && peer == kAnySource), what,
+              ": rank ", peer, " is not another rank of the group (size ", size_, ")");
   TORCH_CHECK(tag >= 0, what, ": a negative tag");
   auto op = std::make_shared<P2P>();
   op->send = send;
@@ -951,7 +1003,11 @@ c10::intrusive_ptr<c10d::Work> ShmBackend::point_to_point(std::vector<at::Tensor
   {
     std::lock_guard lock(mutex_);
     TORCH_CHECK(broken_.empty(), "this process group failed earlier and cannot be used: ", broken_);
-    (send ? sends_ : recvs_)[peer].push_back(op);
+    if (peer == kAnySource) {
+      any_recvs_.push_back(op);
+    } else {
+      (send ? sends_ : recvs_)[peer].push_back(op);
+    }
     progress();
   }
   return c10::make_intrusive<P2PWork>(

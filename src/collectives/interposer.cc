@@ -29,6 +29,16 @@ const std::string& dtype_name(at::ScalarType type) {
   return index < kTypes ? names[index] : unknown;
 }
 
+// What a tensor's collective moves: a dense one's bytes; a sparse one's values and indices
+// (its nbytes() throws).
+std::int64_t bytes_of(const at::Tensor& t) {
+  if (!t.defined()) return 0;
+  if (t.is_sparse()) {
+    return static_cast<std::int64_t>(t._values().nbytes() + t._indices().nbytes());
+  }
+  return static_cast<std::int64_t>(t.nbytes());
+}
+
 void add(OpCall& call, const at::Tensor& t, std::int64_t& numel) {
   if (call.dtype.empty() && t.defined()) call.dtype = dtype_name(t.scalar_type());
   if (t.defined()) numel += t.numel();
@@ -37,14 +47,14 @@ void add(OpCall& call, const at::Tensor& t, std::int64_t& numel) {
 void add_inputs(OpCall& call, const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     add(call, t, call.numel_in);
-    if (t.defined()) call.bytes += static_cast<std::int64_t>(t.nbytes());
+    call.bytes += bytes_of(t);
   }
 }
 
 void add_outputs(OpCall& call, const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     add(call, t, call.numel_out);
-    if (t.defined()) call.bytes_out += static_cast<std::int64_t>(t.nbytes());
+    call.bytes_out += bytes_of(t);
   }
 }
 
@@ -200,6 +210,19 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::barrier(const c10d::BarrierOp
   OpCall call;
   call.op = CollectiveOp::kBarrier;
   return around(call, [&] { return inner_->barrier(opts); });
+}
+
+// Blocking, as c10d's: the wrappers see a barrier whose Work is done when the inner call
+// returns (or that throws what it threw).
+void InterposingBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  OpCall call;
+  call.op = CollectiveOp::kBarrier;
+  around(call, [&] {
+    inner_->monitoredBarrier(opts, wait_all_ranks);
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
+    done->markCompleted(c10::IValue());
+    return c10d::Work::create_from_future(done);
+  })->wait();
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::gather(

@@ -81,7 +81,8 @@ def test_the_sgpu_backend_outside_a_rank_says_what_to_use():
     options.timeout = timedelta(seconds=30)
     options.group_id = "0"
     options.global_ranks_in_group = [0]
-    with pytest.raises(Exception, match='"gloo"'):
+    # As torch's backends fail: a RuntimeError, which mp.spawn-style code already catches.
+    with pytest.raises(RuntimeError, match='sgpu started.*"gloo" or "nccl"'):
         dist.Backend._plugins["SGPU"].creator_fn(options, None)
 
 
@@ -272,3 +273,52 @@ def test_torchs_flight_recorder_analyzer_finds_the_same_odd_size(transport):
     assert [c.collective_seq_id for c in odd] == [2]
     assert set(odd[0].mismatch_collectives) == {2}
     assert "[[1025]]" in str(odd[0].mismatch_collectives[2].type_of_mismatch)
+
+
+def less_used_ops():
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        # torch's monitored_barrier() takes only a backend named "gloo"; the group's own
+        # method is what it calls.
+        dist.group.WORLD.monitored_barrier(timedelta(seconds=60), wait_all_ranks=True)
+        # c10d's layout: one output list a rank, each as long as the inputs.
+        inputs = [torch.full((2,), 10.0 * rank + i) for i in range(world)]
+        outputs = [[torch.zeros(2) for _ in range(world)] for _ in range(world)]
+        dist.all_gather_coalesced(outputs, inputs)
+        gathered = [[t[0].item() for t in row] for row in outputs]
+        sources = []
+        if rank == 0:
+            for _ in range(world - 1):
+                t = torch.zeros(3)
+                sources.append((dist.recv(t), t[0].item()))
+        else:
+            dist.send(torch.full((3,), float(rank)), 0)
+        sparse = torch.sparse_coo_tensor([[rank]], [1.0], (world,))
+        try:
+            dist.all_reduce(sparse)
+            summed = sparse.to_dense().tolist()
+        except RuntimeError as e:
+            summed = str(e)
+        return gathered, sorted(sources), summed
+    finally:
+        dist.destroy_process_group()
+
+
+@TRANSPORTS
+def test_the_less_used_ops_run_as_torchs_backends_run_them(transport):
+    fn = distributed(gpus=3, tracking=False, sim_transport=transport, timeout=120)(less_used_ops)
+    results = fn.distributed()
+    gathered = [[10.0 * r + i for i in range(3)] for r in range(3)]
+    assert [r[0] for r in results] == [gathered] * 3
+    assert results[0][1] == [(1, 1.0), (2, 2.0)]
+    if transport == "gloo":
+        assert [r[2] for r in results] == [[1.0, 1.0, 1.0]] * 3
+    else:
+        # The shared-memory transport moves dense tensors; a sparse one is refused by name.
+        assert all("sparse" in r[2].lower() for r in results), results

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -665,6 +666,85 @@ TEST(ShmTransport, WorkIsDoneWithItsOutputsAndAFailedGroupStaysFailed) {
     EXPECT_NE(errors[r].find("failed earlier"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("collective mismatch"), std::string::npos) << errors[r];
   }
+}
+
+// c10d's layout, over both transports: outputs[rank][input]. With as many inputs as ranks a
+// transposed layout has the right shapes, and only the values tell.
+TEST(ShmTransport, AllgatherCoalescedFillsOutputsByRankThenInput) {
+  for (bool gloo : {false, true}) {
+    std::vector<std::vector<std::vector<at::Tensor>>> got(2);
+    const auto errors = on_ranks(
+        2, {},
+        [&](int r, c10d::Backend& g) {
+          std::vector<at::Tensor> inputs{at::full({3}, 10.0 * r), at::full({3}, 10.0 * r + 1)};
+          std::vector<std::vector<at::Tensor>> outputs(2);
+          for (auto& list : outputs) list = {at::zeros({3}), at::zeros({3})};
+          g.allgather_coalesced(outputs, inputs)->wait();
+          got[r] = outputs;
+        },
+        std::chrono::seconds(60), gloo);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(errors[r], "") << (gloo ? "gloo" : "shm");
+      for (int from = 0; from < 2; ++from) {
+        for (int input = 0; input < 2; ++input) {
+          EXPECT_TRUE(at::equal(got[r][from][input], at::full({3}, 10.0 * from + input)))
+              << (gloo ? "gloo" : "shm") << ": rank " << r << " output [" << from << "][" << input
+              << "]";
+        }
+      }
+    }
+  }
+}
+
+// Rank 0 takes three messages from whoever sends first; the Work names each sender, every
+// sender is taken once, and each payload arrives whole with the sender it claims.
+TEST(ShmTransport, ARecvFromAnySourceTakesEachSenderOnceAndNamesIt) {
+  for (bool gloo : {false, true}) {
+    std::vector<int> sources;
+    const auto errors = on_ranks(
+        4, {},
+        [&](int r, c10d::Backend& g) {
+          if (r == 0) {
+            for (int i = 0; i < 3; ++i) {
+              std::vector<at::Tensor> t{at::zeros({1000})};
+              auto work = g.recvAnysource(t, 7);
+              work->wait();
+              const int from = work->sourceRank();
+              TORCH_CHECK(at::equal(t[0], at::full({1000}, 1.0 * from)), "from rank ", from,
+                          " got ", t[0][0].item<double>());
+              sources.push_back(from);
+            }
+          } else {
+            std::vector<at::Tensor> t{at::full({1000}, 1.0 * r)};
+            g.send(t, 0, 7)->wait();
+          }
+        },
+        std::chrono::seconds(60), gloo);
+    for (int r = 0; r < 4; ++r)
+      ASSERT_EQ(errors[r], "") << (gloo ? "gloo" : "shm") << " rank " << r;
+    std::sort(sources.begin(), sources.end());
+    EXPECT_EQ(sources, (std::vector<int>{1, 2, 3})) << (gloo ? "gloo" : "shm");
+  }
+}
+
+// A monitored barrier passes when all arrive and, under its own timeout, fails on rank 0
+// naming the rank that never came.
+TEST(ShmTransport, AMonitoredBarrierNamesTheRankThatNeverArrived) {
+  const auto passed = on_ranks(3, {}, [](int, c10d::Backend& g) {
+    c10d::BarrierOptions o;
+    o.timeout = std::chrono::seconds(30);
+    g.monitoredBarrier(o, true);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(passed[r], "") << "rank " << r;
+
+  const auto errors = on_ranks(3, {}, [](int r, c10d::Backend& g) {
+    if (r == 2) return;
+    c10d::BarrierOptions o;
+    o.timeout = std::chrono::milliseconds(300);
+    g.monitoredBarrier(o, true);
+  });
+  EXPECT_EQ(errors[2], "");
+  EXPECT_NE(errors[0].find("rank 2 has not arrived"), std::string::npos) << errors[0];
 }
 
 TEST(ShmTransport, UnsupportedPairsAreClearErrors) {
