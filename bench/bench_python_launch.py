@@ -94,6 +94,17 @@ def time_torchrun(ranks: int, folder: str) -> float:
     return time.perf_counter() - start
 
 
+def hosts_file() -> str:
+    """Whether /etc/hosts names the IPv4-mapped loopback, which stock files do not (NOTE
+    [Store peers' names]: sgpu's launches must not depend on it)."""
+    try:
+        with open("/etc/hosts") as f:
+            mapped = any(line.split()[:1] == ["::ffff:127.0.0.1"] for line in f)
+    except OSError:
+        return "/etc/hosts unreadable"
+    return "/etc/hosts names ::ffff:127.0.0.1" if mapped else "stock /etc/hosts (no ::ffff:127.0.0.1)"
+
+
 def median(fn, repeat: int) -> float:
     return statistics.median(fn() for _ in range(repeat))
 
@@ -118,7 +129,7 @@ def main() -> None:
             row["torchrun"] = median(lambda: time_torchrun(ranks, folder), args.slow_repeat)
             rows.append(row)
     names = ["floor", "sgpu warm", "sgpu exec", "mp.spawn", "torchrun"]
-    print(f"{os.cpu_count()} cores; medians; (x) is the ratio to the floor")
+    print(f"{os.cpu_count()} cores; medians; (x) is the ratio to the floor; {hosts_file()}")
     print("ranks " + "".join(f"{n:>22}" for n in names))
     for row in rows:
         cells = "".join(f"{row[n] * 1e3:>12.1f} ms {row[n] / row['floor']:>6.1f}x" for n in names)

@@ -37,6 +37,7 @@
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
 #include "launcher/rank_main.h"
+#include "rendezvous/peer_names.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
 #include "sgpu/comm.h"
@@ -528,6 +529,9 @@ PYBIND11_MODULE(_native, m) {
   using namespace sgpu::python;
   m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
   py::register_exception_translator(translate);
+  // torch's own store clients in this process too (env:// in a rank, a user's TCPStore).
+  sgpu::rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
+  m.def("name_mapped_peers_as_ipv4", &sgpu::rendezvous::name_mapped_peers_as_ipv4);
 
   py::class_<ResultBytes, std::shared_ptr<ResultBytes>>(m, "ResultBytes", py::buffer_protocol())
       .def_buffer([](ResultBytes& r) {

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "rendezvous/peer_names.h"
+
 namespace sgpu::rendezvous {
 
 namespace {
@@ -101,6 +103,7 @@ struct HostStore::Impl {
 
 HostStore::HostStore(std::string host, std::uint16_t port)
     : impl_(std::make_unique<Impl>()), host_(std::move(host)), port_(port) {
+  name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
   c10d::TCPStoreOptions options;
   options.masterListenFd = listen_on(host_, port_);  // the store owns it from here on
   options.port = port_;
@@ -125,6 +128,7 @@ StoreClient::StoreClient(const std::string& host, std::uint16_t port,
                          std::chrono::milliseconds wait, std::chrono::milliseconds op_timeout)
     : impl_(std::make_unique<Impl>()) {
   impl_->endpoint = host + ":" + std::to_string(port);
+  name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
   c10d::TCPStoreOptions options;
   options.port = port;
   options.isServer = false;

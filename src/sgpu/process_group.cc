@@ -7,6 +7,7 @@
 #include "backend/process_group_factory.h"
 #include "collectives/recorder.h"
 #include "contract/rank_env.h"
+#include "rendezvous/peer_names.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
 
@@ -19,6 +20,7 @@ c10d::Backend& process_group() {
   static c10::intrusive_ptr<c10d::Backend>* group = nullptr;  // lives to the rank's end
   std::call_once(once, [] {
     const contract::RankEnvironment env = contract::read_rank_environment();
+    rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<std::uint16_t>(env.master_port);
     store_options.isServer = false;
