@@ -2,7 +2,9 @@
 // 2 and 3 FSDP ranks, one process, DDP and ZeRO with equal values, and training resumed
 // from them reaches what uninterrupted training reaches (optimizer state included); a
 // rank killed at any write point leaves the previous checkpoint loadable and the new one
-// incomplete; every bad input is an error naming the file and the tensor; Python's
+// incomplete; buffers (BatchNorm's running statistics, a buffer a module registered) are
+// saved and loaded by every strategy, and DDP gives every rank rank 0's buffers before each
+// forward; every bad input is an error naming the file and the tensor; Python's
 // safetensors reads the files. The ranks run on the test backend (support/test_backend.h):
 // simulated, or the GPUs in the gpu-labelled instance, which saves from and loads into
 // CUDA tensors and skips the tests that need more ranks than there are GPUs.
@@ -11,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
@@ -414,6 +417,135 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(int kind, std::vector<at
   if (kind == 1)
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// A buffer a module registers itself: how many rows it has seen in training.
+struct CountRowsImpl : torch::nn::Cloneable<CountRowsImpl> {
+  CountRowsImpl() { reset(); }
+  void reset() override { seen = register_buffer("seen", torch::zeros({1}, torch::kDouble)); }
+  at::Tensor forward(const at::Tensor& x) {
+    if (is_training()) seen.add_(x.size(0));
+    return x;
+  }
+  at::Tensor seen;
+};
+TORCH_MODULE(CountRows);
+
+// Buffers in submodules: BatchNorm's running mean, variance and batch count, and CountRows'.
+torch::nn::Sequential make_buffered_model() {
+  torch::manual_seed(11);
+  torch::nn::Sequential model(torch::nn::Linear(5, 7), torch::nn::BatchNorm1d(7), CountRows(),
+                              torch::nn::Tanh(), torch::nn::Linear(7, 3));
+  model->to(torch::kDouble);
+  return model;
+}
+
+Values buffers_of(const torch::nn::Module& module) {
+  Values out;
+  for (const auto& item : module.named_buffers()) out[item.key()] = flat(item.value());
+  return out;
+}
+
+struct BufferJob {
+  std::string strategy;  // "fsdp", "ddp", "zero"
+  std::string save_to;
+  bool broadcast_buffers = true;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(strategy, save_to, broadcast_buffers);
+  }
+};
+
+struct BufferOutcome {
+  Values saved;      // this rank's buffers when the checkpoint was saved
+  Values after_ddp;  // DDP: this rank's buffers after one more forward, in eval mode
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(saved, after_ddp);
+  }
+};
+
+// Three training steps under `strategy` (each rank its own rows, so each rank's running
+// statistics differ), then a save.
+BufferOutcome run_buffer_job(BufferJob job) {
+  const int rank = sgpu::global_rank(), world = sgpu::world_size();
+  const at::Device device(sgpu::device());
+  BufferOutcome outcome;
+  auto model = make_buffered_model();
+  model->to(device);
+  if (job.strategy == "fsdp") {
+    sgpu::parallel::FullyShardedDataParallel fsdp(model);
+    torch::optim::Adam optimizer(fsdp.parameters(), torch::optim::AdamOptions(0.01));
+    for (int s = 0; s < 3; ++s) {
+      optimizer.zero_grad();
+      auto [x, y] = batch(s, rank, world, device);
+      F::mse_loss(fsdp.forward(x), y).backward();
+      optimizer.step();
+    }
+    outcome.saved = buffers_of(*model);
+    save(job.save_to, fsdp, &optimizer);
+  } else if (job.strategy == "ddp") {
+    sgpu::parallel::DdpOptions options;
+    options.broadcast_buffers = job.broadcast_buffers;
+    sgpu::parallel::DistributedDataParallel ddp(model, options);
+    torch::optim::Adam optimizer(ddp.parameters(), torch::optim::AdamOptions(0.01));
+    for (int s = 0; s < 3; ++s) {
+      optimizer.zero_grad();
+      auto [x, y] = batch(s, rank, world, device);
+      F::mse_loss(ddp.forward(x), y).backward();
+      optimizer.step();
+    }
+    outcome.saved = buffers_of(*model);
+    save(job.save_to, *model, &optimizer);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    ddp.forward(batch(3, rank, world, device).first);
+    outcome.after_ddp = buffers_of(*model);
+  } else {
+    sgpu::parallel::ZeroOptimizer zero(model->parameters(), zero_config(world));
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = batch(s, rank, world, device);
+      zero.backward(F::mse_loss(model->forward(x), y));
+      zero.step();
+    }
+    outcome.saved = buffers_of(*model);
+    save(job.save_to, *model, zero);
+  }
+  return outcome;
+}
+
+TEST(Checkpoint, EveryStrategySavesAndLoadsTheBuffersOfSubmodules) {
+  SGPU_REQUIRE_RANKS(2);
+  for (const std::string strategy : {"ddp", "fsdp", "zero"}) {
+    const fs::path dir = temp_dir("buffers-" + strategy);
+    const auto outcomes = sgpu::distributed(run_buffer_job, on_test_backend(2))
+                              .distributed(BufferJob{strategy, dir.string()});
+    const Values& saved = outcomes[0].saved;  // replicated state: rank 0's is written
+    ASSERT_EQ(saved.size(), 4u) << strategy;  // running mean, variance, batch count, seen
+    EXPECT_EQ(saved.at("2.seen"), std::vector<double>{3.0 * kRows / 2}) << strategy;
+    EXPECT_EQ(saved.at("1.num_batches_tracked"), std::vector<double>{3}) << strategy;
+    auto loaded = make_buffered_model();
+    load(CheckpointReader(dir), *loaded);
+    expect_close(buffers_of(*loaded), saved, strategy + ", loaded into one process");
+    EXPECT_NE(buffers_of(*make_buffered_model()).at("1.running_mean"), saved.at("1.running_mean"));
+  }
+}
+
+TEST(Checkpoint, DdpGivesEveryRankRank0sBuffersBeforeEachForwardUnlessToldNot) {
+  SGPU_REQUIRE_RANKS(2);
+  for (const bool broadcast : {true, false}) {
+    const fs::path dir = temp_dir(broadcast ? "ddp-broadcast" : "ddp-own-buffers");
+    const auto outcomes = sgpu::distributed(run_buffer_job, on_test_backend(2))
+                              .distributed(BufferJob{"ddp", dir.string(), broadcast});
+    // Each rank's rows moved its running statistics its own way in training.
+    ASSERT_NE(outcomes[0].saved.at("1.running_mean"), outcomes[1].saved.at("1.running_mean"));
+    if (broadcast) {
+      expect_close(outcomes[1].after_ddp, outcomes[0].saved, "rank 1 after a forward");
+      expect_close(outcomes[0].after_ddp, outcomes[0].saved, "rank 0 after a forward");
+    } else {
+      expect_close(outcomes[1].after_ddp, outcomes[1].saved, "rank 1 kept its own");
+    }
+  }
 }
 
 TEST(Checkpoint, AdamAmsgradAdamWAndSgdMomentumResumeInOneProcess) {
