@@ -86,7 +86,12 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
     return OpenedRun{std::move(store), std::move(info)};
   } catch (const StoreError& e) {
     if (!e.transient()) throw;
-    std::cerr << "sgpu: " << e.what() << "; continuing without tracking" << std::endl;
+    std::cerr << "sgpu: " << e.what()
+              << "; this call runs untracked: it has no run, and the metrics and params its "
+                 "ranks log are not kept, so `sgpu tracking sync` has nothing of it to send "
+                 "later. To keep them, start the server before the call, or point tracking_uri "
+                 "(MLFLOW_TRACKING_URI) at a store that is up, such as sqlite:///mlflow.db"
+              << std::endl;
     return std::nullopt;
   }
 }

@@ -601,6 +601,21 @@ def test_a_database_that_cannot_be_made_says_where_else_to_record(monkeypatch, t
     assert "tracking=False" in message
 
 
+def test_a_server_down_at_the_start_runs_the_call_and_says_its_metrics_are_not_kept(monkeypatch,
+                                                                                      capfd):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # nothing listens there
+
+    def logs(x):
+        sgpu.log_metric("loss", x)
+        return x
+
+    assert distributed(gpus=2)(logs).distributed(0.5) == [0.5, 0.5]
+    said = " ".join(capfd.readouterr().err.split())
+    assert "this call runs untracked" in said
+    assert "metrics and params its ranks log are not kept" in said
+    assert "start the server before the call" in said
+
+
 @pytest.mark.skipif(not os.access(os.environ.get("SGPU_CLI", ""), os.X_OK),
                     reason="SGPU_CLI names no sgpu binary")
 def test_the_run_of_a_decorator_caller_killed_outright_is_ended_killed(tmp_path):
