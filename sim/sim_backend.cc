@@ -62,6 +62,8 @@ bool SimBackend::serve_cuda(int device_index) const {
   return true;
 }
 
+bool SimBackend::serves_cuda(const Options& options) const { return sim_cuda_of(options); }
+
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 
 }  // namespace sgpu::sim

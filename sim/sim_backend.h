@@ -38,6 +38,7 @@ class SimBackend final : public backend::Backend {
   // Serves the node's GPUs as torch's cuda devices from the CPU (sim/cuda/sim_cuda.h)
   // unless SGPU_SIM_CUDA=off, counting memory on each in device scopes.
   bool serve_cuda(int device_index) const override;
+  bool serves_cuda(const Options& options) const override;
 };
 
 // The node a call simulates: Options::sim_node, else SGPU_SIM, else kDefaultNodeSpec.

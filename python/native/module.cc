@@ -490,6 +490,7 @@ py::tuple cuda_generators(int count) {
 
 void bind_cuda_on_sim(py::module_& m) {
   m.def("serve_cuda", &serve_cuda);
+  m.def("cover_cuda_operators_ahead", &sgpu::sim::cuda::cover_operators_ahead);
   m.def("cuda_devices", &cuda_devices);
   m.def("cuda_current_device", [] { return static_cast<int>(cuda_guard().getDevice().index()); });
   m.def("cuda_set_device", [](int index) { cuda_guard().setDevice(cuda_device(index)); });

@@ -42,6 +42,11 @@ bool enabled();
 // since (a library loaded since), whose CUDA kernels would otherwise call the CUDA runtime.
 void serve(const backend::Inventory& node, int device_index);
 
+// What serve() does first that depends on no node: every operator's CUDA kernel runs its
+// CPU kernel. A fork server whose ranks serve cuda does it once, so that its ranks inherit
+// it rather than each paying for it after the fork (NOTE [CUDA on sim]).
+void cover_operators_ahead();
+
 // Whether serve() has run in this process.
 bool served();
 

@@ -62,6 +62,10 @@ class Backend {
   // it did. The default does nothing: on cuda they are so already; sim serves the node's
   // GPUs from the CPU unless SGPU_SIM_CUDA=off (NOTE [CUDA on sim] in sim/cuda/sim_cuda.h).
   virtual bool serve_cuda(int device_index) const { return false; }
+
+  // Whether a call with `options` has its Python ranks serve_cuda(): its fork server then
+  // prepares what they share ahead of the fork (sgpu._fork_server's --cuda-on-sim).
+  virtual bool serves_cuda(const Options& options) const { return false; }
 };
 
 }  // namespace sgpu::backend

@@ -236,9 +236,17 @@ class CallImpl final : public detail::Call {
   }
 
   void start(StartMethod method) {
-    starter_ = kind_ == CallKind::kWorker && method == StartMethod::kForkServer
-                   ? make_fork_server_starter(spec_.fork_server)
-                   : make_starter(method);
+    if (kind_ == CallKind::kWorker && method == StartMethod::kForkServer) {
+      // Ranks that serve cuda on sim fork from a server that prepared it (its own server:
+      // the command differs).
+      std::vector<std::string> command = spec_.fork_server;
+      if (backend::find_backend(backend_name_).serves_cuda(options_)) {
+        command.push_back("--cuda-on-sim");
+      }
+      starter_ = make_fork_server_starter(command);
+    } else {
+      starter_ = make_starter(method);
+    }
     // Several nodes meet at node 0's store (NodeLink hosts it); one node at its own.
     if (!link_) store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });

@@ -284,14 +284,21 @@ def test_what_cannot_be_simulated_says_so():
     assert said["compile_cpu"] == [2.0, 2.0]
 
 
+def forked_from() -> list:
+    """The command line of the process a rank was forked from (its fork server)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
+
+
 def test_sim_cuda_off_keeps_cpu_devices(monkeypatch):
     @distributed(gpus=1, tracking=False)
     def devices():
-        return torch.cuda.is_available(), str(sgpu.device())
+        return torch.cuda.is_available(), str(sgpu.device()), "--cuda-on-sim" in forked_from()
 
-    assert devices.distributed() == [(True, "cuda:0")]
+    # Ranks that serve cuda fork from a server that prepared it; the others from their own.
+    assert devices.distributed() == [(True, "cuda:0", True)]
     monkeypatch.setenv("SGPU_SIM_CUDA", "off")
-    assert devices.distributed() == [(False, "cpu")]
+    assert devices.distributed() == [(False, "cpu", False)]
     monkeypatch.setenv("SGPU_SIM_CUDA", "maybe")
     with pytest.raises(sgpu.ConfigError, match="SGPU_SIM_CUDA=maybe is not"):
         devices.distributed()
