@@ -206,3 +206,38 @@ def test_keep_last_removes_older_checkpoints_once_a_save_is_published(tmp_path):
         dcp.save({"w": torch.full((2,), float(step))},
                  storage_writer=VolumeWriter(tmp_path / f"step-{step:06d}", keep_last=2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002", "step-000003"]
+
+
+def async_save_and_load(root: str, backend: str) -> list:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend)
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    whole = torch.arange(8.0, device="cuda")
+    state = {"w": distribute_tensor(whole, mesh, [Shard(0)])}
+    try:
+        pending = dcp.async_save(state, storage_writer=VolumeWriter(root))
+    except AssertionError as refused:  # torch's own check, as on a GPU node
+        dist.destroy_process_group()
+        return ["refused", str(refused)]
+    pending.result()
+    dist.barrier()
+    loaded = {"w": distribute_tensor(torch.zeros(8, device="cuda"), mesh, [Shard(0)])}
+    dcp.load(loaded, storage_reader=VolumeReader(root))
+    values = loaded["w"].full_tensor().tolist()
+    dist.destroy_process_group()
+    return ["saved", complete(root), values]
+
+
+def test_async_save_works_where_the_group_has_a_cpu_backend_as_on_a_node(tmp_path):
+    call = distributed(gpus=2, tracking=False)(async_save_and_load)
+    for backend in ("cpu:gloo,cuda:nccl", "sgpu"):
+        got = call.distributed(str(tmp_path / backend.replace(":", "-").replace(",", "_")), backend)
+        assert got == [["saved", True, [float(i) for i in range(8)]]] * 2
+    # "nccl" alone has no CPU backend on a node, and torch says what to do; so on sim.
+    refused = call.distributed(str(tmp_path / "nccl"), "nccl")
+    assert refused[0][0] == "refused" and "cpu:gloo,cuda:nccl" in refused[0][1]
