@@ -1,0 +1,233 @@
+"""Files from a volume for the ranks of a call, as a torch IterableDataset of local paths.
+
+    from sgpu.data import DataLoader, VolumeDataset
+
+    dataset = VolumeDataset("/Volumes/main/train", glob="*.pt")
+    loader = DataLoader(dataset, batch_size=8)            # num_workers=6, as the seed's
+    for epoch in range(epochs):
+        for paths in loader:                                # each: local cached copies
+            ...
+        checkpoint["data"] = loader.state_dict()            # resumes with the next batch
+
+The files are listed once, sorted. In a rank (torch.distributed initialised) of `world`
+ranks whose loader has W workers, worker w of rank r takes `files[r*W + w :: world*W]`,
+as the seed's UCVolumeDataset does: no shuffle, no padding, each file once per epoch across
+all ranks and workers. Each file is copied into a local cache folder before it is yielded
+(again only when its size or modification time changed).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Iterator
+
+import torch
+import torch.utils.data
+
+__all__ = ["DataLoader", "VolumeDataset", "partition"]
+
+
+def partition(files: list, rank: int, world: int, worker: int, workers: int) -> list:
+    """The files worker `worker` of `workers` on rank `rank` of `world` reads: every
+    (world * workers)-th from rank * workers + worker."""
+    return files[rank * workers + worker::world * workers]
+
+
+def _place() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class VolumeDataset(torch.utils.data.IterableDataset):
+    """The files under `path` (those matching `glob`, when given, by name; recursively),
+    as local cached paths (`cache_dir`: default, a folder of the rank's own)."""
+
+    def __init__(self, path: str | os.PathLike, *, glob: str | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        self.root = os.fspath(path)
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"{self.root} is not a folder: VolumeDataset reads the files "
+                                    "of a volume's folder")
+        found = []
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                if glob is None or fnmatch.fnmatch(name, glob):
+                    found.append(os.path.relpath(os.path.join(folder, name), self.root))
+        self.files = sorted(found)
+        self._cache = os.fspath(cache_dir) if cache_dir is not None else None
+        self._skip: dict[int, int] = {}  # worker -> items to skip once (a resumed epoch)
+        self._offset = 0                 # and the worker the loader's turns start at
+        self.fetch_seconds = 0.0         # this process's time copying from the volume
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def cache_dir(self) -> str:
+        if self._cache is None:
+            base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
+            self._cache = os.path.join(base, f"sgpu-data-cache-{os.getpid()}")
+        return self._cache
+
+    def part(self, rank: int, world: int, worker: int, workers: int) -> list:
+        return partition(self.files, rank, world, worker, workers)
+
+    def _fetch(self, name: str) -> str:
+        source = os.path.join(self.root, name)
+        target = os.path.join(self.cache_dir(), name)
+        facts = os.stat(source)
+        try:
+            cached = os.stat(target)
+            if cached.st_size == facts.st_size and cached.st_mtime_ns == facts.st_mtime_ns:
+                return target
+        except FileNotFoundError:
+            pass
+        start = time.perf_counter()
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        partial = f"{target}.part-{os.getpid()}"
+        shutil.copyfile(source, partial)
+        if os.stat(partial).st_size != facts.st_size:
+            os.unlink(partial)
+            raise OSError(f"{source} changed size while it was copied into the cache "
+                          f"({facts.st_size} bytes when listed)")
+        os.utime(partial, ns=(facts.st_atime_ns, facts.st_mtime_ns))
+        os.replace(partial, target)
+        self.fetch_seconds += time.perf_counter() - start
+        return target
+
+    def __iter__(self) -> Iterator[str]:
+        # Not a generator itself: the place and the skip are taken when iteration starts.
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world = _place()
+        # A resumed epoch: loader worker `worker` reads what worker (worker + offset) read, so
+        # that the loader's turn order (from worker 0) continues where it stopped.
+        source = (worker + self._offset) % workers
+        mine = self.part(rank, world, source, workers)
+        skip = self._skip.get(source, 0)
+        self._skip, self._offset = {}, 0  # once: this copy's next epoch starts afresh
+        return (self._fetch(name) for name in mine[skip:])
+
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch's DataLoader over a VolumeDataset with the seed's defaults (num_workers=6,
+    prefetch_factor=4, persistent workers), that
+
+    - checks, when the iteration starts in a rank, that every rank uses the same number of
+      workers (otherwise files would be read twice or never), naming the ranks that differ;
+    - logs `fetch_seconds` (the time the training loop waited for batches in the epoch) to
+      the call's run at each epoch's end, step = the epoch;
+    - resumes: state_dict() says how many batches of the epoch were taken;
+      load_state_dict() makes the next iteration continue with the next one.
+    """
+
+    def __init__(self, dataset: VolumeDataset, batch_size: int | None = 1, *,
+                 num_workers: int = 6, prefetch_factor: int | None = 4,
+                 persistent_workers: bool | None = None, **kwargs) -> None:
+        if not isinstance(dataset, VolumeDataset):
+            raise TypeError("sgpu.data.DataLoader takes a VolumeDataset; for other datasets use "
+                            "torch.utils.data.DataLoader")
+        if kwargs.get("drop_last"):
+            raise ValueError("drop_last=True would drop each worker's last short batch, so files "
+                             "would be missed; batches of fewer files are yielded instead")
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        super().__init__(dataset, batch_size=batch_size, num_workers=num_workers,
+                         prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                         persistent_workers=persistent_workers, **kwargs)
+        self.epoch = 0
+        self._taken = 0  # batches taken in this epoch
+        self._resuming = False
+
+    def _check_workers(self, rank: int, world: int) -> None:
+        if world == 1:
+            return
+        import torch.distributed as dist
+
+        counts: list = [None] * world
+        dist.all_gather_object(counts, self.num_workers)
+        if len(set(counts)) > 1:
+            by_count: dict = {}
+            for who, count in enumerate(counts):
+                by_count.setdefault(count, []).append(who)
+            said = "; ".join(f"rank{'s' if len(who) > 1 else ''} {','.join(map(str, who))}: "
+                             f"num_workers={count}" for count, who in sorted(by_count.items()))
+            raise ValueError(f"the ranks' DataLoaders have different numbers of workers ({said}): "
+                             "files are split by rank and worker, so some would be read twice "
+                             "and others never; give every rank the same num_workers")
+
+    def _delivered(self, rank: int, world: int, batches: int) -> tuple[dict, int]:
+        """How many files each worker had yielded once `batches` batches were taken, and
+        whose turn was next: the loader takes a batch from each worker in turn, from worker
+        0, skipping those that are done."""
+        workers = max(self.num_workers, 1)
+        size = self.batch_size or 1
+        counts = [len(self.dataset.part(rank, world, w, workers)) for w in range(workers)]
+        left = [math.ceil(n / size) for n in counts]
+        taken = [0] * workers
+        turn = 0
+        while batches > 0 and any(taken[w] < left[w] for w in range(workers)):
+            if taken[turn] < left[turn]:
+                taken[turn] += 1
+                batches -= 1
+            turn = (turn + 1) % workers
+        files = {w: min(taken[w] * size, counts[w]) for w in range(workers) if taken[w]}
+        return files, turn
+
+    def __iter__(self):
+        rank, world = _place()
+        self._check_workers(rank, world)
+        if not self._resuming:
+            self._taken = 0
+            self.dataset._skip, self.dataset._offset = {}, 0
+        iterator = super().__iter__()   # workers start (and copy the dataset) here
+        self.dataset._skip, self.dataset._offset = {}, 0  # later epochs start afresh
+        self._resuming = False
+        waited = 0.0
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            waited += time.perf_counter() - start
+            self._taken += 1
+            yield batch
+        import sgpu
+
+        sgpu.log_metric("fetch_seconds", waited, step=self.epoch)
+        self.epoch += 1
+        self._taken = 0
+
+    def state_dict(self) -> dict:
+        rank, world = _place()
+        return {"epoch": self.epoch, "batches": self._taken, "num_workers": self.num_workers,
+                "batch_size": self.batch_size, "rank": rank, "world_size": world,
+                "files": len(self.dataset)}
+
+    def load_state_dict(self, state: dict) -> None:
+        rank, world = _place()
+        mine = {"num_workers": self.num_workers, "batch_size": self.batch_size, "rank": rank,
+                "world_size": world, "files": len(self.dataset)}
+        differs = {key: (state.get(key), value) for key, value in mine.items()
+                   if state.get(key) != value}
+        if differs:
+            said = ", ".join(f"{key} {was} then, {now} now" for key, (was, now) in differs.items())
+            raise ValueError(f"this loader state cannot resume here ({said}): the files each "
+                             "worker reads would differ")
+        if getattr(self, "_iterator", None) is not None:  # persistent workers: start anew
+            self._iterator._shutdown_workers()
+            self._iterator = None
+        self.epoch = int(state["epoch"])
+        self._taken = int(state["batches"])
+        self.dataset._skip, self.dataset._offset = self._delivered(rank, world, self._taken)
+        self._resuming = True
