@@ -14,7 +14,8 @@ volume (fsync'd) before the rank's part of the save completes; the coordinator w
 `.metadata` last, once every rank's shards have landed, under a temporary name renamed into
 place. A folder with `.metadata` is therefore a complete checkpoint, and a save that dies
 half-way (a rank killed, the job cancelled) leaves a folder without one, which latest()
-skips. A load copies the files it reads into a local stage, then reads them there.
+skips. A load copies the files it reads into a local stage, then reads them there. A copy that
+fails transiently is retried (sgpu/_volume.py; SGPU_SIM_VOLUME simulates a network volume).
 
 The files are DCP's own (torch's FileSystemWriter format): torch's FileSystemReader, and
 any tool that reads DCP checkpoints, reads them. (sgpu's C++ checkpoints are safetensors
@@ -32,6 +33,8 @@ from typing import Callable
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from sgpu import _volume
+
 METADATA = ".metadata"
 
 __all__ = ["VolumeReader", "VolumeWriter", "complete", "latest", "prune"]
@@ -42,14 +45,6 @@ def _default_stage(kind: str) -> str:
     with it), else the system's temporary folder."""
     base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
     return os.path.join(base, f"sgpu-{kind}-stage-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def _copy_synced(source: str, target: str) -> None:
-    """`source` to `target`, its bytes on the target's storage when this returns."""
-    with open(source, "rb") as reader, open(target, "wb") as writer:
-        shutil.copyfileobj(reader, writer, 8 << 20)
-        writer.flush()
-        os.fsync(writer.fileno())
 
 
 def _sync_folder(path: str) -> None:
@@ -98,7 +93,8 @@ class VolumeWriter(FileSystemWriter):
             self.path = volume
         self._on_write_point("staged")
         for name in sorted({result.storage_data.relative_path for result in results}):
-            _copy_synced(os.path.join(stage, name), os.path.join(os.fspath(volume), name))
+            _volume.copy(os.path.join(stage, name), os.path.join(os.fspath(volume), name),
+                         to_volume=True)
         _sync_folder(os.fspath(volume))
         if self._stage is None:
             shutil.rmtree(stage, ignore_errors=True)
@@ -136,7 +132,8 @@ class VolumeReader(FileSystemReader):
         os.makedirs(stage, exist_ok=True)
         names = {self.storage_data[item.storage_index].relative_path for item in plan.items}
         for name in sorted(names):
-            _copy_synced(os.path.join(os.fspath(volume), name), os.path.join(stage, name))
+            _volume.copy(os.path.join(os.fspath(volume), name), os.path.join(stage, name),
+                         to_volume=False)
         self.path = self.fs.init_path(stage)
         try:
             return super().read_data(plan, planner)
@@ -164,8 +161,12 @@ def _checkpoints(root: str) -> list[tuple[float, str, bool]]:
             continue
         metadata = os.path.join(entry.path, METADATA)
         try:
-            found.append((os.stat(metadata).st_mtime_ns, entry.path, True))
+            published = os.stat(metadata).st_mtime_ns
         except FileNotFoundError:
+            published = None
+        if published is not None and _volume.listed(metadata, published):
+            found.append((published, entry.path, True))
+        else:  # not there, or not listed yet (a simulated volume's lag)
             found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path, False))
     return sorted(found)
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
-import shutil
 import tempfile
 import time
 from typing import Iterator
 
 import torch
 import torch.utils.data
+
+from sgpu import _volume
 
 __all__ = ["DataLoader", "VolumeDataset", "partition"]
 
@@ -46,9 +47,23 @@ def _place() -> tuple[int, int]:
     return 0, 1
 
 
+def _list(root: str, glob: str | None) -> list:
+    """The files under `root` matching `glob` that the volume lists, sorted."""
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if (glob is None or fnmatch.fnmatch(name, glob)) and \
+                    _volume.listed(path, os.stat(path).st_mtime_ns):
+                found.append(os.path.relpath(path, root))
+    return sorted(found)
+
+
 class VolumeDataset(torch.utils.data.IterableDataset):
     """The files under `path` (those matching `glob`, when given, by name; recursively),
-    as local cached paths (`cache_dir`: default, a folder of the rank's own)."""
+    as local cached paths (`cache_dir`: default, a folder of the rank's own). Made in a rank
+    (torch.distributed initialised), it takes rank 0's listing, so that every rank splits
+    the same list (a collective: every rank makes it)."""
 
     def __init__(self, path: str | os.PathLike, *, glob: str | None = None,
                  cache_dir: str | os.PathLike | None = None) -> None:
@@ -57,12 +72,16 @@ class VolumeDataset(torch.utils.data.IterableDataset):
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"{self.root} is not a folder: VolumeDataset reads the files "
                                     "of a volume's folder")
-        found = []
-        for folder, _, names in os.walk(self.root):
-            for name in names:
-                if glob is None or fnmatch.fnmatch(name, glob):
-                    found.append(os.path.relpath(os.path.join(folder, name), self.root))
-        self.files = sorted(found)
+        self.files = _list(self.root, glob)
+        if _place()[1] > 1:
+            # One listing for every rank (rank 0's): a volume that lists a new file late
+            # would otherwise give ranks different lists, and files would be read twice or
+            # never.
+            import torch.distributed as dist
+
+            shared = [self.files]
+            dist.broadcast_object_list(shared, src=0)
+            self.files = shared[0]
         self._cache = os.fspath(cache_dir) if cache_dir is not None else None
         self._skip: dict[int, int] = {}  # worker -> items to skip once (a resumed epoch)
         self._offset = 0                 # and the worker the loader's turns start at
@@ -93,7 +112,7 @@ class VolumeDataset(torch.utils.data.IterableDataset):
         start = time.perf_counter()
         os.makedirs(os.path.dirname(target), exist_ok=True)
         partial = f"{target}.part-{os.getpid()}"
-        shutil.copyfile(source, partial)
+        _volume.copy(source, partial, to_volume=False)
         if os.stat(partial).st_size != facts.st_size:
             os.unlink(partial)
             raise OSError(f"{source} changed size while it was copied into the cache "
