@@ -7,7 +7,7 @@ by `;`:
 
     path=/vol          only files under this folder (default: every volume file)
     latency=5ms        before each file's copy
-    bandwidth=200MB/s  each copy takes its size over this (B, KB, MB, GB, KiB, MiB, GiB)
+    bandwidth=200MB/s  a copy takes at least its size over this (B, KB, MB, GB, KiB, MiB, GiB)
     list_lag=2s        a file is listed only this long after it was last written
     fail_every=N       every N-th copy to the volume in a process fails once, transiently
     fail_rate=0.1      each copy fails transiently with this probability (seeded by `seed`
@@ -97,7 +97,9 @@ class SimulatedVolume:
         full = os.path.abspath(path)
         return full == self.path or full.startswith(self.path + os.sep)
 
-    def before_copy(self, size: int, to_volume: bool, target: str) -> None:
+    def before_copy(self, size: int, to_volume: bool, target: str) -> float:
+        """Waits the latency, fails as the settings say; returns how long the copy must
+        take at least (its size over the bandwidth)."""
         if to_volume:
             self._writes += 1
             if self.capacity is not None:
@@ -110,7 +112,9 @@ class SimulatedVolume:
                 time.sleep(self.latency)
                 raise OSError(errno.EIO, f"simulated volume: transient failure (write "
                               f"#{self._writes} of this process)", target)
-        time.sleep(self.latency + (size / self.bandwidth if self.bandwidth else 0.0))
+        if self.latency:
+            time.sleep(self.latency)
+        return size / self.bandwidth if self.bandwidth else 0.0
 
 
 def _seconds(text: str) -> float:
@@ -155,25 +159,52 @@ def simulated() -> SimulatedVolume | None:
     return _simulated[1]
 
 
-def _copy_once(source: str, target: str, to_volume: bool) -> None:
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def same_filesystem(path: str, folder: str) -> bool:
+    """Whether `path` and `folder` (or, while it does not exist, its nearest existing
+    parent) are on one filesystem."""
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return os.stat(path).st_dev == os.stat(folder).st_dev
+
+
+def _copy_once(source: str, target: str, to_volume: bool, move: bool) -> None:
     volume = simulated()
+    at_least = 0.0
     if volume is not None and volume.covers(target if to_volume else source):
-        volume.before_copy(os.stat(source).st_size, to_volume, target)
-    with open(source, "rb") as reader, open(target, "wb") as writer:
-        shutil.copyfileobj(reader, writer, 8 << 20)
-        writer.flush()
-        os.fsync(writer.fileno())
+        at_least = volume.before_copy(os.stat(source).st_size, to_volume, target)
+    start = time.perf_counter()
+    if move and same_filesystem(source, os.path.dirname(os.path.abspath(target))):
+        if to_volume:
+            _fsync(source)
+        os.replace(source, target)  # the volume is local disk: nothing to copy
+    else:
+        shutil.copyfile(source, target)  # the kernel copies (sendfile)
+        if to_volume:  # on the volume's storage before the save goes on; a local copy need not
+            _fsync(target)
+    if at_least:  # the simulated bandwidth
+        time.sleep(max(0.0, at_least - (time.perf_counter() - start)))
 
 
-def copy(source: str, target: str, *, to_volume: bool) -> None:
-    """`source` to `target`, fsync'd; a transient failure is retried (TRIES in all, said on
-    stderr); the last failure, or a permanent one, raises OSError naming the file."""
+def copy(source: str, target: str, *, to_volume: bool, move: bool = False) -> None:
+    """`source` to `target` (fsync'd when it is on the volume); with `move`, a source the
+    caller no longer needs is renamed when both are on one filesystem. A transient failure
+    is retried (TRIES in all, said on stderr); the last failure, or a permanent one, raises
+    OSError naming the file."""
     global retries
     delay = 0.05
     what = f"{'writing' if to_volume else 'reading'} {target if to_volume else source}"
     for attempt in range(1, TRIES + 1):
         try:
-            _copy_once(source, target, to_volume)
+            _copy_once(source, target, to_volume, move)
             return
         except OSError as error:
             if error.errno in _PERMANENT or attempt == TRIES:

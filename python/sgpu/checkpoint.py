@@ -10,12 +10,13 @@ I/O through local disk and publishes a checkpoint only once it is whole.
         dcp.load(state, storage_reader=VolumeReader(found))
 
 A save writes each rank's shards into a local stage folder first, then copies them to the
-volume (fsync'd) before the rank's part of the save completes; the coordinator writes
+volume (fsync'd; renamed instead when the stage is its own and on the volume's filesystem)
+before the rank's part of the save completes; the coordinator writes
 `.metadata` last, once every rank's shards have landed, under a temporary name renamed into
 place. A folder with `.metadata` is therefore a complete checkpoint, and a save that dies
 half-way (a rank killed, the job cancelled) leaves a folder without one, which latest()
-skips. A load copies the files it reads into a local stage, then reads them there. A copy that
-fails transiently is retried (sgpu/_volume.py; SGPU_SIM_VOLUME simulates a network volume).
+skips. A load copies the files it reads into a local stage, then reads them there (in
+place when the volume is on the stage's filesystem). A copy that fails transiently is retried (sgpu/_volume.py; SGPU_SIM_VOLUME simulates a network volume).
 
 The files are DCP's own (torch's FileSystemWriter format): torch's FileSystemReader, and
 any tool that reads DCP checkpoints, reads them. (sgpu's C++ checkpoints are safetensors
@@ -86,15 +87,16 @@ class VolumeWriter(FileSystemWriter):
         volume = self.path
         stage = self._stage or _default_stage("save")
         os.makedirs(stage, exist_ok=True)
-        self.path = self.fs.init_path(stage)
+        # Local disk first, unsynced: only the copy on the volume must be durable.
+        self.path, synced, self.sync_files = self.fs.init_path(stage), self.sync_files, False
         try:
             results = super().write_data(plan, planner).wait()
         finally:
-            self.path = volume
+            self.path, self.sync_files = volume, synced
         self._on_write_point("staged")
         for name in sorted({result.storage_data.relative_path for result in results}):
             _volume.copy(os.path.join(stage, name), os.path.join(os.fspath(volume), name),
-                         to_volume=True)
+                         to_volume=True, move=self._stage is None)
         _sync_folder(os.fspath(volume))
         if self._stage is None:
             shutil.rmtree(stage, ignore_errors=True)
@@ -130,6 +132,11 @@ class VolumeReader(FileSystemReader):
         volume = self.path
         stage = self._stage or _default_stage("load")
         os.makedirs(stage, exist_ok=True)
+        simulated = _volume.simulated()
+        if self._stage is None and _volume.same_filesystem(os.fspath(volume), stage) and \
+                (simulated is None or not simulated.covers(os.fspath(volume))):
+            os.rmdir(stage)  # the volume is local disk: read in place
+            return super().read_data(plan, planner)
         names = {self.storage_data[item.storage_index].relative_path for item in plan.items}
         for name in sorted(names):
             _volume.copy(os.path.join(os.fspath(volume), name), os.path.join(stage, name),

@@ -13,7 +13,7 @@ The files are listed once, sorted. In a rank (torch.distributed initialised) of 
 ranks whose loader has W workers, worker w of rank r takes `files[r*W + w :: world*W]`,
 as the seed's UCVolumeDataset does: no shuffle, no padding, each file once per epoch across
 all ranks and workers. Each file is copied into a local cache folder before it is yielded
-(again only when its size or modification time changed).
+(again only when its size or modification time changed), unless the volume is local disk.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def _list(root: str, glob: str | None) -> list:
 
 class VolumeDataset(torch.utils.data.IterableDataset):
     """The files under `path` (those matching `glob`, when given, by name; recursively),
-    as local cached paths (`cache_dir`: default, a folder of the rank's own). Made in a rank
+    as paths of local cached copies (`cache_dir`: default, a folder of the rank's own; a
+    folder on that folder's own filesystem is read in place unless `cache_dir` is named or
+    a simulated volume covers it). Made in a rank
     (torch.distributed initialised), it takes rank 0's listing, so that every rank splits
     the same list (a collective: every rank makes it)."""
 
@@ -83,6 +85,7 @@ class VolumeDataset(torch.utils.data.IterableDataset):
             dist.broadcast_object_list(shared, src=0)
             self.files = shared[0]
         self._cache = os.fspath(cache_dir) if cache_dir is not None else None
+        self._cache_named = True if cache_dir is not None else None  # None: not decided yet
         self._skip: dict[int, int] = {}  # worker -> items to skip once (a resumed epoch)
         self._offset = 0                 # and the worker the loader's turns start at
         self.fetch_seconds = 0.0         # this process's time copying from the volume
@@ -99,8 +102,21 @@ class VolumeDataset(torch.utils.data.IterableDataset):
     def part(self, rank: int, world: int, worker: int, workers: int) -> list:
         return partition(self.files, rank, world, worker, workers)
 
+    def _caches(self) -> bool:
+        """Whether files are copied into the cache: when it was named, when the volume is
+        another filesystem than the cache's (a network mount), or a simulated volume. A
+        folder on the cache's own disk is read in place."""
+        if self._cache_named is None:
+            base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
+            simulated = _volume.simulated()
+            self._cache_named = (not _volume.same_filesystem(self.root, base)
+                                 or (simulated is not None and simulated.covers(self.root)))
+        return self._cache_named
+
     def _fetch(self, name: str) -> str:
         source = os.path.join(self.root, name)
+        if not self._caches():
+            return source
         target = os.path.join(self.cache_dir(), name)
         facts = os.stat(source)
         try:

@@ -118,3 +118,14 @@ def test_ranks_read_every_file_once_and_must_agree_on_their_workers(tmp_path):
     refused = call.distributed(str(root), {0: 2, 1: 1})
     for said in refused:
         assert "different numbers of workers (rank 1: num_workers=1; rank 0: num_workers=2)" in said
+
+
+def test_a_local_folder_is_read_in_place_and_a_network_volume_through_the_cache(tmp_path,
+                                                                              monkeypatch):
+    root = volume(tmp_path / "vol", 2)
+    assert list(VolumeDataset(root)) == [str(root / "f000.bin"), str(root / "f001.bin")]
+    monkeypatch.setenv("SGPU_SIM_VOLUME", f"path={root}")  # as a network mount
+    monkeypatch.setenv("SGPU_RANK_DIR", str(tmp_path / "rank"))
+    fetched = list(VolumeDataset(root))
+    assert all(path.startswith(str(tmp_path / "rank")) for path in fetched)
+    assert [pathlib.Path(p).read_bytes() for p in fetched] == [b"\x00", b"\x01\x01"]
