@@ -1,5 +1,6 @@
 """Run at every interpreter's start by a .pth file beside it (sgpu-build.pth, or the
-installed sgpu-startup.pth); it costs one import of this file and does nothing elsewhere.
+installed sgpu-startup.pth); it costs one import of this file and does nothing elsewhere
+but put one finder last on sys.meta_path (NOTE [Stand-in imports], below).
 
 In a program that `sgpu run` started as a rank of a simulated node, a Python program that
 never imports sgpu (a script written for torchrun) still gets the simulated GPUs as its
@@ -44,3 +45,35 @@ if _wanted():
             import sgpu  # noqa: F401 - its torch hook serves cuda now that torch is here
 
     sys.meta_path.insert(0, _AfterTorch())
+
+
+# NOTE [Stand-in imports]: Databricks' `serverless_gpu` and `databricks.air`, for a notebook
+# written for them, from sgpu's stand-ins (sgpu/stand_in/) when no installed package has the
+# name: this finder is last on sys.meta_path, after the one that finds installed packages,
+# and answers only for these names. SGPU_SERVERLESS_GPU=off leaves them unfound.
+class _StandIns:
+    _NAMES = {"serverless_gpu": "serverless_gpu", "databricks.air": "databricks_air"}
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        folder = cls._NAMES.get(fullname)
+        if folder is None or os.environ.get("SGPU_SERVERLESS_GPU", "on") == "off":
+            return None
+        import importlib.util
+
+        found = importlib.util.find_spec("sgpu")  # finds the package, imports nothing
+        if found is None or not found.submodule_search_locations:
+            return None
+        for root in found.submodule_search_locations:
+            package = os.path.join(root, "stand_in", folder)
+            if os.path.isfile(os.path.join(package, "__init__.py")):
+                return importlib.util.spec_from_file_location(
+                    fullname, os.path.join(package, "__init__.py"),
+                    submodule_search_locations=[package])
+        return None
+
+
+if os.environ.get("SGPU_SERVERLESS_GPU", "on") != "off":
+    import sys
+
+    sys.meta_path.append(_StandIns)

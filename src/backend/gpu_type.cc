@@ -68,7 +68,9 @@ const GpuModel* find_gpu_model(std::string_view type) {
 }
 
 std::optional<std::string> parse_gpu_type(std::string_view requested) {
-  const std::string wanted = upper(requested);
+  std::string wanted = upper(requested);
+  // serverless_gpu's GPUType.H100 as text (str() of the enum, or a name copied from code).
+  if (wanted.rfind("GPUTYPE.", 0) == 0) wanted.erase(0, 8);
   if (const GpuModel* model = find_gpu_model(wanted)) return std::string(model->type);
   return std::nullopt;
 }

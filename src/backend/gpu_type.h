@@ -32,7 +32,8 @@ const std::vector<GpuModel>& gpu_models();
 // "H100, H200, ..." for messages.
 std::string known_gpu_types_text();
 
-// The normalised type of a user's request ("h100" -> "H100"); nullopt when unknown.
+// The normalised type of a user's request ("h100" -> "H100"; serverless_gpu's enum as text,
+// "GPUType.H100", too); nullopt when unknown.
 std::optional<std::string> parse_gpu_type(std::string_view requested);
 
 // The normalised type of a device name the driver reports; for a device sgpu does not

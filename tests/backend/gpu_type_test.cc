@@ -25,6 +25,9 @@ TEST(GpuType, EveryTableDeviceNameNormalisesToItsType) {
 
 TEST(GpuType, UserInputIsCaseInsensitive) {
   EXPECT_EQ(parse_gpu_type("h100"), "H100");
+  EXPECT_EQ(parse_gpu_type("GPUType.H100"), "H100");  // serverless_gpu's enum, as text
+  EXPECT_EQ(parse_gpu_type("gputype.a10"), "A10");
+  EXPECT_EQ(parse_gpu_type("GPUType."), std::nullopt);
   EXPECT_EQ(parse_gpu_type("H100"), "H100");
   EXPECT_EQ(parse_gpu_type("l40s"), "L40S");
   EXPECT_EQ(parse_gpu_type("H1000"), std::nullopt);

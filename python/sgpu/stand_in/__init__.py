@@ -1,0 +1,40 @@
+"""Stand-ins for the import names of Databricks' serverless GPU API, so that a notebook
+written for it runs unchanged on sgpu (simulated GPUs in CI, or a node's own GPUs):
+`serverless_gpu` (and its `launcher`, `compute`, `runtime` and `data` modules) and
+`databricks.air`.
+
+They are found by a finder that the interpreter's startup hook (_sgpu_startup.py) puts
+last on sys.meta_path: only when no installed package has the name, so a real
+`serverless_gpu` always wins. SGPU_SERVERLESS_GPU=off turns them off.
+"""
+
+import sgpu
+from sgpu.errors import ConfigError
+
+
+class NotOfferedError(sgpu.Error, ImportError):
+    """A name of Databricks' API that sgpu's stand-in does not offer."""
+
+
+def not_offered(module: str, name: str) -> NotOfferedError:
+    return NotOfferedError(
+        f"{module}.{name} is part of Databricks' serverless GPU API that sgpu's stand-in for "
+        f"{module} does not offer (it runs @distributed on this machine's GPUs, simulated or "
+        "real). Keep it out of the code that runs under sgpu, or install the real package, "
+        "which takes precedence over the stand-in")
+
+
+def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options):
+    """@distributed as serverless_gpu has it: `gpus`, `gpu_type` ("H100", "h100",
+    GPUType.H100; checked against the node), and `remote=False` (this node's GPUs)."""
+    if remote:
+        raise ConfigError(
+            "remote=True asks Databricks to provision remote GPUs, which sgpu does not do: "
+            "it runs on this node's GPUs (remote=False), simulated ones on sim; for several "
+            "nodes, start the program under `sgpu run` on each, under Slurm or MPI (README, "
+            "'Several nodes')")
+    if gpus is not None:
+        options["gpus"] = gpus
+    if gpu_type is not None:
+        options["gpu_type"] = str(gpu_type)
+    return sgpu.distributed(**options)
