@@ -201,6 +201,24 @@ def fork_server_command() -> list:
     return [sys.executable, "-m", "sgpu._fork_server", preload]
 
 
+def _notebook_name() -> str:
+    """The name of the notebook this kernel runs, when the kernel knows it: Jupyter's
+    server says it in JPY_SESSION_NAME, VS Code in __vsc_ipynb_file__; else ""."""
+    if "ipykernel" not in sys.modules:
+        return ""
+    path = os.environ.get("JPY_SESSION_NAME", "")
+    if not path:
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            path = shell.user_ns.get("__vsc_ipynb_file__", "") if shell is not None else ""
+        except Exception:
+            path = ""
+    name = os.path.basename(str(path))
+    return name[:-len(".ipynb")] if name.endswith(".ipynb") else name
+
+
 def _show_link_in_notebook(name: str, link: str) -> None:
     """In a notebook, the call's MLflow run as a link under the cell (the console line the
     C++ core writes says the same in plain text)."""
@@ -219,8 +237,18 @@ def _show_link_in_notebook(name: str, link: str) -> None:
             href = link
         elif pathlib.Path(link).is_dir():  # the run's folder in a file store
             href = pathlib.Path(link).absolute().as_uri()
-        else:  # a database: nothing a browser opens
-            display(HTML(f"sgpu: {html.escape(name)} is tracked in {html.escape(link)}"))
+        else:  # a database: its run is a page once `mlflow ui` serves the database
+            import re
+
+            found = re.search(r"\(experiment (\S+), run (\S+); (mlflow ui [^)]*)\)", link)
+            if found is None:
+                display(HTML(f"sgpu: {html.escape(name)} is tracked in {html.escape(link)}"))
+                return
+            experiment, run, command = found.groups()
+            page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run}"
+            display(HTML(f"sgpu: {html.escape(name)} is tracked in MLflow run {html.escape(run)}: "
+                         f"run <code>{html.escape(command)}</code>, then open "
+                         f'<a href="{html.escape(page)}" target="_blank">{html.escape(page)}</a>'))
             return
         display(HTML(f'sgpu: {html.escape(name)} is tracked in MLflow run '
                      f'<a href="{html.escape(href)}" target="_blank">{html.escape(link)}</a>'))
@@ -409,6 +437,11 @@ class DistributedFunction:
             if active is not None:  # nested under it, in its store
                 parent = active.info.run_id
                 options.setdefault("tracking_uri", mlflow.get_tracking_uri())
+        if not parent and "experiment" not in options and not os.environ.get(
+                "MLFLOW_EXPERIMENT_NAME") and not os.environ.get("MLFLOW_EXPERIMENT_ID"):
+            notebook = _notebook_name()
+            if notebook:  # as on Databricks, the notebook's own experiment
+                options["experiment"] = notebook
         call = _native.start(
             options,
             [sys.executable, "-m", "sgpu._worker"],

@@ -89,3 +89,25 @@ def test_the_stand_ins_check_what_databricks_checks():
     with pytest.raises(sgpu.Error, match="serverless_gpu.compute.TPU is part of Databricks"):
         serverless_gpu.compute.TPU  # noqa: B018
     assert str(GPUType.H100) == "H100" and GPUType.A10 == "A10"
+
+
+def test_a_notebooks_run_is_in_its_own_experiment_and_shown_as_a_page(tmp_path, monkeypatch):
+    import mlflow
+
+    database = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", database)
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "churn model.ipynb"))  # as Jupyter's server
+    call = """
+        from serverless_gpu import distributed
+        print(distributed(gpus=1)(lambda: 1).distributed())
+        """
+    done = execute(code_notebook(call), tmp_path)
+    shown = "".join(o.get("data", {}).get("text/html", "") for o in done.cells[0].outputs)
+    assert "run <code>mlflow ui --backend-store-uri " + database + "</code>, then open" in shown
+    assert 'href="http://127.0.0.1:5000/#/experiments/' in shown
+    mlflow.set_tracking_uri(database)
+    assert len(mlflow.search_runs(experiment_names=["churn model"])) == 1
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "chosen")  # wins, as on Databricks
+    execute(code_notebook(call), tmp_path)
+    assert len(mlflow.search_runs(experiment_names=["chosen"])) == 1
+    assert len(mlflow.search_runs(experiment_names=["churn model"])) == 1
