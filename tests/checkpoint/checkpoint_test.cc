@@ -77,11 +77,14 @@ std::vector<double> flat(const at::Tensor& t) {
   return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
 }
 
-Values values_of(const torch::nn::Module& module) {
+// Each tensor of `named` (a module's named_parameters() or named_buffers()), flattened.
+Values flat_all(const torch::OrderedDict<std::string, at::Tensor>& named) {
   Values out;
-  for (const auto& item : module.named_parameters()) out[item.key()] = flat(item.value());
+  for (const auto& item : named) out[item.key()] = flat(item.value());
   return out;
 }
+
+Values values_of(const torch::nn::Module& module) { return flat_all(module.named_parameters()); }
 
 struct Job {
   std::string strategy;  // "fsdp", "ddp", "zero"
@@ -440,11 +443,7 @@ torch::nn::Sequential make_buffered_model() {
   return model;
 }
 
-Values buffers_of(const torch::nn::Module& module) {
-  Values out;
-  for (const auto& item : module.named_buffers()) out[item.key()] = flat(item.value());
-  return out;
-}
+Values buffers_of(const torch::nn::Module& module) { return flat_all(module.named_buffers()); }
 
 struct BufferJob {
   std::string strategy;  // "fsdp", "ddp", "zero"
