@@ -338,6 +338,11 @@ def _patch_distributed() -> None:
         bound.arguments["backend"] = c10d.Backend(translated)
         bound.arguments["backend_options"] = None  # NCCL's options mean nothing here
         pg, prefix_store = original(*bound.args, **bound.kwargs)
+        if "," not in str(backend or "") and ":" not in str(backend or ""):
+            # One backend named (or none, NCCL's on a node): the group's default is the
+            # simulated one, as NCCL is the default of a node's "nccl" group, so that c10d
+            # finds it (hasHooks() warned of a missing default backend otherwise).
+            pg._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
         if pg in c10d._world.pg_map:
             c10d._world.pg_map[pg] = (backend, prefix_store)
             c10d._world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))

@@ -467,3 +467,20 @@ def test_two_ranks_on_one_gpu_fail_as_nccl_does():
     found = re.search(r"Duplicate GPU detected : rank (\d) and rank (\d) both on CUDA device 0",
                       str(caught.value))
     assert found and {found[1], found[2]} == {"0", "1"}, str(caught.value)
+
+
+def test_an_nccl_group_on_sim_warns_no_more_than_on_a_node(capfd):
+    @distributed(gpus=2, tracking=False)
+    def reduce():
+        import torch.distributed as dist
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        total = torch.ones(1, device="cuda")
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+        return total.item()
+
+    assert reduce.distributed() == [2.0, 2.0]
+    # c10d finds the group's default backend, as a node's "nccl" group has NCCL's.
+    assert "No backend of type" not in capfd.readouterr().err
