@@ -1,0 +1,161 @@
+"""A Llama-style decoder built from its configuration, with no weights to download: the
+shapes of Llama 3's 8B and 70B (and a debug size that computes on a CPU), for training steps
+on simulated GPUs.
+
+    from llama import CONFIGS, Transformer, shard
+
+    with torch.device("meta"):                   # shapes only: no memory for 8B
+        model = Transformer(CONFIGS["8B"])
+    model.parameter_count()                      # 8,030,261,248
+
+    model = Transformer(CONFIGS["debug"]).cuda()
+    shard(model, mesh, checkpoint_activations=True)   # FSDP2 per block, then the root
+
+The layers are Llama's: token embedding, blocks of RMSNorm, grouped-query attention with
+rotary embeddings (torch's scaled_dot_product_attention, causal) and a SwiGLU feed-forward
+network, a final RMSNorm and an untied output projection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    ffn_dim_multiplier: float
+    multiple_of: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    max_seq_len: int = 8192
+
+    @property
+    def ffn_hidden(self) -> int:
+        """Llama's feed-forward width: 2/3 of 4 * dim, scaled, rounded up to multiple_of."""
+        hidden = int(self.ffn_dim_multiplier * int(2 * 4 * self.dim / 3))
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+
+CONFIGS = {
+    "debug": Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
+                    ffn_dim_multiplier=1.3, multiple_of=32, max_seq_len=64),
+    "8B": Config(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
+                 ffn_dim_multiplier=1.3, multiple_of=1024),
+    "70B": Config(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
+                  ffn_dim_multiplier=1.3, multiple_of=4096),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotary(x, theta: float):
+    """x (batch, seq, heads, head_dim) rotated by its positions, Llama's way."""
+    seq, head_dim = x.shape[1], x.shape[-1]
+    frequencies = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=x.device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq, device=x.device).float(), frequencies)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    even, odd = x.float()[..., 0::2], x.float()[..., 1::2]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.heads, self.kv_heads = config.n_heads, config.n_kv_heads
+        self.head_dim = config.dim // config.n_heads
+        self.theta = config.rope_theta
+        self.wq = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q = rotary(self.wq(x).view(batch, seq, self.heads, self.head_dim), self.theta)
+        k = rotary(self.wk(x).view(batch, seq, self.kv_heads, self.head_dim), self.theta)
+        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim)
+        repeat = self.heads // self.kv_heads  # grouped-query attention
+        k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x):
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def shard(model: Transformer, mesh, checkpoint_activations: bool = False) -> Transformer:
+    """FSDP2 as torchtitan applies it: each block a unit (its activations recomputed in
+    backward when asked), then the root (embeddings, final norm, output)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for index, layer in enumerate(model.layers):
+        if checkpoint_activations:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper)
+
+            layer = checkpoint_wrapper(layer)
+            model.layers[index] = layer
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
