@@ -129,3 +129,18 @@ def test_a_local_folder_is_read_in_place_and_a_network_volume_through_the_cache(
     fetched = list(VolumeDataset(root))
     assert all(path.startswith(str(tmp_path / "rank")) for path in fetched)
     assert [pathlib.Path(p).read_bytes() for p in fetched] == [b"\x00", b"\x01\x01"]
+
+
+def test_a_loader_with_live_workers_resumes_from_a_state_given_it(tmp_path):
+    root = volume(tmp_path / "vol", 9)
+    loader = DataLoader(VolumeDataset(root), batch_size=2, num_workers=2)  # persistent workers
+    whole = epoch_of(loader)
+    first = DataLoader(VolumeDataset(root), batch_size=2, num_workers=2)
+    for taken, _ in enumerate(first, start=1):
+        if taken == 3:
+            break
+    state = first.state_dict()
+    assert state["batches"] == 3
+    loader.load_state_dict(state)  # its workers, alive from the epoch before, start anew
+    assert epoch_of(loader) == whole[3:]
+    assert epoch_of(loader) == whole
