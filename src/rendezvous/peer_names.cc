@@ -11,8 +11,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace sgpu::rendezvous {
 
@@ -93,8 +96,16 @@ int rewrite_slots(const Object& object, const ElfW(Rela) * relocations, std::siz
   return rewritten;
 }
 
-int rewrite_object(dl_phdr_info* object, std::size_t, void* count) {
+// The libtorch objects already rewritten, by load address and path, with their slot counts:
+// a later call scans only what was loaded since.
+using Rewritten = std::map<std::pair<ElfW(Addr), std::string>, int>;
+
+int rewrite_object(dl_phdr_info* object, std::size_t, void* done) {
   if (!is_libtorch(object->dlpi_name)) return 0;
+  auto& rewritten_objects = *static_cast<Rewritten*>(done);
+  const auto [known, fresh] =
+      rewritten_objects.try_emplace({object->dlpi_addr, std::string(object->dlpi_name)}, 0);
+  if (!fresh) return 0;
   Object found{object, nullptr, nullptr};
   const ElfW(Dyn)* dynamic = nullptr;
   for (int i = 0; i < object->dlpi_phnum; ++i) {
@@ -140,7 +151,7 @@ int rewrite_object(dl_phdr_info* object, std::size_t, void* count) {
   if (symbols == 0 || names == 0) return 0;
   found.symbols = at<const ElfW(Sym)>(object, symbols);
   found.names = at<const char>(object, names);
-  int& rewritten = *static_cast<int*>(count);
+  int& rewritten = known->second;
   if (plt != 0 && plt_is_rela) {
     rewritten += rewrite_slots(found, at<const ElfW(Rela)>(object, plt), plt_bytes);
   }
@@ -152,9 +163,11 @@ int rewrite_object(dl_phdr_info* object, std::size_t, void* count) {
 
 int name_mapped_peers_as_ipv4() {
   static std::mutex mutex;
+  static Rewritten rewritten_objects;
   const std::lock_guard<std::mutex> lock(mutex);
+  ::dl_iterate_phdr(&rewrite_object, &rewritten_objects);
   int rewritten = 0;
-  ::dl_iterate_phdr(&rewrite_object, &rewritten);
+  for (const auto& [object, slots] : rewritten_objects) rewritten += slots;
   return rewritten;
 }
 

@@ -10,7 +10,8 @@
 // named "localhost" from the stock `127.0.0.1 localhost` line, and a mapped address of
 // another node resolves as that node's IPv4 address does. Every other address is asked as
 // before. It rewrites the getnameinfo entries of the libtorch libraries loaded in this
-// process (their relocation slots); idempotent, and a no-op when none is loaded yet.
+// process (their relocation slots); idempotent, and a no-op when none is loaded yet. Each
+// library is scanned once: a later call costs only a walk of the loaded objects' list.
 #pragma once
 
 namespace sgpu::rendezvous {
