@@ -52,9 +52,6 @@ namespace py = pybind11;
 namespace sgpu::python {
 namespace {
 
-// `seconds` of waiting or of a group's timeout, past a clock's reach taken as its longest.
-std::chrono::milliseconds milliseconds_of(double seconds) { return duration_of_seconds(seconds); }
-
 // The decorator's keywords (already type-checked by sgpu._options) as sgpu::Options.
 Options options_from(const py::dict& given) {
   Options options;
@@ -207,7 +204,7 @@ class PyCall {
   // True when the call ended within `seconds`; the GIL is free meanwhile.
   bool wait_for(double seconds) {
     py::gil_scoped_release release;
-    return call_->wait_for(milliseconds_of(std::max(seconds, 0.0)));
+    return call_->wait_for(duration_of_seconds(std::max(seconds, 0.0)));
   }
   // Each rank's result record, in rank order, as buffers that hold them (no copy); raises
   // the call's error. The call keeps none of them: a record goes when its buffer does.
@@ -413,7 +410,7 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   request.rank = rank;
   request.world_size = size;
   request.device_index = env.device_index;
-  request.timeout = milliseconds_of(timeout_seconds);
+  request.timeout = duration_of_seconds(timeout_seconds);
   contract::RingGroup recorded{"world", size, rank, global_ranks};
   if (recorded.members.empty()) {
     for (int member = 0; member < size; ++member) recorded.members.push_back(member);
