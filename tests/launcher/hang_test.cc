@@ -231,7 +231,9 @@ TEST(Hang, ATimeoutWithEveryRankOutsideACollectiveSaysSo) {
 TEST(Hang, ACrashedRanksPeersWaitingInACollectiveAreExplained) {
   if (!faults_planned()) GTEST_SKIP() << "the fault plan is the simulated backend's";
   sgpu::Options o = options(3);
-  o.sim_faults = "rank=2:exit=7@collective=3";
+  // Rank 2 lingers before it exits, so its peers are surely waiting in #3 when it dies: a
+  // loaded machine could otherwise see the exit before they got there, with nothing to explain.
+  o.sim_faults = "rank=2:slow=1s@collective=3;rank=2:exit=7@collective=3";
   const auto e = failure_of(all_reduces, o, 5);
   ASSERT_NE(e.root_cause(), nullptr);
   EXPECT_EQ(e.root_cause()->rank, 2);
