@@ -5,10 +5,10 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "backend/process_group_factory.h"
 #include "collectives/interposer.h"
+#include "collectives/routes.h"
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
@@ -161,11 +161,8 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     group = shm::make_shm_backend(request.store, request.rank, request.world_size, request.timeout,
                                   shm::sizes_from_environment());
   } else {
-    auto options = c10d::ProcessGroupGloo::Options::create();
-    options->timeout = request.timeout;
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    group = c10::make_intrusive<c10d::ProcessGroupGloo>(request.store, request.rank,
-                                                        request.world_size, options);
+    group =
+        collectives::gloo_group(request.store, request.rank, request.world_size, request.timeout);
   }
   if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
     group = cuda::for_cuda_tensors(std::move(group), request.store,

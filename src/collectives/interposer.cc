@@ -40,7 +40,10 @@ std::int64_t bytes_of(const at::Tensor& t) {
 }
 
 void add(OpCall& call, const at::Tensor& t, std::int64_t& numel) {
-  if (call.dtype.empty() && t.defined()) call.dtype = dtype_name(t.scalar_type());
+  if (call.dtype.empty() && t.defined()) {
+    call.dtype = dtype_name(t.scalar_type());
+    call.host = t.device().is_cpu();
+  }
   if (t.defined()) numel += t.numel();
 }
 
@@ -75,6 +78,15 @@ OpCall described(CollectiveOp op, const std::vector<at::Tensor>& in,
   return call;
 }
 
+// A barrier names a device by its options, or none: then it is the host's, as torch's
+// barrier() makes its tensor on the CPU for a group that is not NCCL alone.
+OpCall barrier_call(const c10d::BarrierOptions& opts) {
+  OpCall call;
+  call.op = CollectiveOp::kBarrier;
+  call.host = opts.device ? opts.device->is_cpu() : opts.device_ids.empty();
+  return call;
+}
+
 }  // namespace
 
 std::string reduce_op_name(const c10d::ReduceOp& op) {
@@ -106,25 +118,27 @@ std::string reduce_op_name(const c10d::ReduceOp& op) {
 InterposingBackend::InterposingBackend(c10::intrusive_ptr<c10d::Backend> inner)
     : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
 
+c10d::Backend& InterposingBackend::target(const OpCall& /*call*/) { return *inner_; }
+
 c10::intrusive_ptr<c10d::Work> InterposingBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
   OpCall call = described(CollectiveOp::kBroadcast, tensors, tensors);
   call.peer = static_cast<int>(opts.rootRank);
-  return around(call, [&] { return inner_->broadcast(tensors, opts); });
+  return around(call, [&] { return target(call).broadcast(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
   OpCall call = described(CollectiveOp::kAllReduce, tensors, tensors);
   call.reduce_op = reduce_op_name(opts.reduceOp);
-  return around(call, [&] { return inner_->allreduce(tensors, opts); });
+  return around(call, [&] { return target(call).allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   OpCall call = described(CollectiveOp::kAllReduceCoalesced, tensors, tensors);
   call.reduce_op = reduce_op_name(opts.reduceOp);
-  return around(call, [&] { return inner_->allreduce_coalesced(tensors, opts); });
+  return around(call, [&] { return target(call).allreduce_coalesced(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -132,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce(std::vector<at::Tensor
   OpCall call = described(CollectiveOp::kReduce, tensors, tensors);
   call.reduce_op = reduce_op_name(opts.reduceOp);
   call.peer = static_cast<int>(opts.rootRank);
-  return around(call, [&] { return inner_->reduce(tensors, opts); });
+  return around(call, [&] { return target(call).reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::allgather(
@@ -140,13 +154,13 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::allgather(
     const c10d::AllgatherOptions& opts) {
   OpCall call = described(CollectiveOp::kAllGather, inputs, {});
   add_outputs(call, outputs);
-  return around(call, [&] { return inner_->allgather(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).allgather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const OpCall call = described(CollectiveOp::kAllGatherIntoTensor, {input}, {output});
-  return around(call, [&] { return inner_->_allgather_base(output, input, opts); });
+  return around(call, [&] { return target(call)._allgather_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::allgather_coalesced(
@@ -154,15 +168,15 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   OpCall call = described(CollectiveOp::kAllGatherCoalesced, inputs, {});
   add_outputs(call, outputs);
-  return around(call, [&] { return inner_->allgather_coalesced(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).allgather_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const OpCall call = described(CollectiveOp::kAllGatherIntoTensorCoalesced, inputs, outputs);
-  return around(call,
-                [&] { return inner_->allgather_into_tensor_coalesced(outputs, inputs, opts); });
+  return around(
+      call, [&] { return target(call).allgather_into_tensor_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce_scatter(
@@ -171,14 +185,14 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce_scatter(
   OpCall call = described(CollectiveOp::kReduceScatter, {}, outputs);
   add_inputs(call, inputs);
   call.reduce_op = reduce_op_name(opts.reduceOp);
-  return around(call, [&] { return inner_->reduce_scatter(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).reduce_scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   OpCall call = described(CollectiveOp::kReduceScatterTensor, {input}, {output});
   call.reduce_op = reduce_op_name(opts.reduceOp);
-  return around(call, [&] { return inner_->_reduce_scatter_base(output, input, opts); });
+  return around(call, [&] { return target(call)._reduce_scatter_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce_scatter_tensor_coalesced(
@@ -186,8 +200,8 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::reduce_scatter_tensor_coalesc
     const c10d::ReduceScatterOptions& opts) {
   OpCall call = described(CollectiveOp::kReduceScatterTensorCoalesced, inputs, outputs);
   call.reduce_op = reduce_op_name(opts.reduceOp);
-  return around(call,
-                [&] { return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+  return around(
+      call, [&] { return target(call).reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::alltoall_base(
@@ -195,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::alltoall_base(
     std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
   const OpCall call = described(CollectiveOp::kAllToAllSingle, {input}, {output});
   return around(call, [&] {
-    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+    return target(call).alltoall_base(output, input, output_splits, input_splits, opts);
   });
 }
 
@@ -203,22 +217,20 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::alltoall(std::vector<at::Tens
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions& opts) {
   const OpCall call = described(CollectiveOp::kAllToAll, inputs, outputs);
-  return around(call, [&] { return inner_->alltoall(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::barrier(const c10d::BarrierOptions& opts) {
-  OpCall call;
-  call.op = CollectiveOp::kBarrier;
-  return around(call, [&] { return inner_->barrier(opts); });
+  const OpCall call = barrier_call(opts);
+  return around(call, [&] { return target(call).barrier(opts); });
 }
 
 // Blocking, as c10d's: the wrappers see a barrier whose Work is done when the inner call
 // returns (or that throws what it threw).
 void InterposingBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  OpCall call;
-  call.op = CollectiveOp::kBarrier;
+  const OpCall call = barrier_call(opts);
   around(call, [&] {
-    inner_->monitoredBarrier(opts, wait_all_ranks);
+    target(call).monitoredBarrier(opts, wait_all_ranks);
     auto done = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
     done->markCompleted(c10::IValue());
     return c10d::Work::create_from_future(done);
@@ -231,7 +243,7 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::gather(
   OpCall call = described(CollectiveOp::kGather, inputs, {});
   add_outputs(call, outputs);
   call.peer = static_cast<int>(opts.rootRank);
-  return around(call, [&] { return inner_->gather(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::scatter(
@@ -240,27 +252,27 @@ c10::intrusive_ptr<c10d::Work> InterposingBackend::scatter(
   OpCall call = described(CollectiveOp::kScatter, {}, outputs);
   add_inputs(call, inputs);
   call.peer = static_cast<int>(opts.rootRank);
-  return around(call, [&] { return inner_->scatter(outputs, inputs, opts); });
+  return around(call, [&] { return target(call).scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                         int tag) {
   OpCall call = described(CollectiveOp::kSend, tensors, {});
   call.peer = dst;
-  return around(call, [&] { return inner_->send(tensors, dst, tag); });
+  return around(call, [&] { return target(call).send(tensors, dst, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                         int tag) {
   OpCall call = described(CollectiveOp::kRecv, {}, tensors);
   call.peer = src;
-  return around(call, [&] { return inner_->recv(tensors, src, tag); });
+  return around(call, [&] { return target(call).recv(tensors, src, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> InterposingBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                  int tag) {
   const OpCall call = described(CollectiveOp::kRecvAnySource, {}, tensors);
-  return around(call, [&] { return inner_->recvAnysource(tensors, tag); });
+  return around(call, [&] { return target(call).recvAnysource(tensors, tag); });
 }
 
 }  // namespace sgpu::collectives

@@ -24,6 +24,8 @@ struct OpCall {
   std::int64_t numel_out = 0;
   std::int64_t bytes = 0;      // of the inputs
   std::int64_t bytes_out = 0;  // of the outputs
+  bool host = true;  // its tensors are in host memory (the first one's device is the CPU); a
+                     // barrier's, unless its options name a device (device_ids, or device)
 };
 
 // "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum".
@@ -88,6 +90,8 @@ class InterposingBackend : public c10d::Backend {
   // Runs `run` (the operation on the inner backend) and returns its Work, doing what the
   // wrapper does around it.
   virtual c10::intrusive_ptr<c10d::Work> around(const OpCall& call, Run run) = 0;
+  // The backend the operation runs on: the inner one, unless a wrapper routes it elsewhere.
+  virtual c10d::Backend& target(const OpCall& call);
   c10d::Backend& inner() { return *inner_; }
 
  private:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,27 @@ TEST_P(Conformance, CollectivesMatchOneProcessOnOneToEightRanks) {
       }
     }
   }
+}
+
+// A host tensor's all-reduce, then a device tensor's, then a barrier, on the one group:
+// what dcp.async_save's staging and object collectives need of a group made with "sgpu".
+std::vector<float> host_and_device_sums(int /*unused*/) {
+  c10d::Backend& group = sgpu::process_group();
+  const double rank = sgpu::global_rank();
+  std::vector<at::Tensor> host{at::full({2}, rank + 1.0, at::kFloat)};
+  std::vector<at::Tensor> device{
+      at::full({2}, 10.0 * (rank + 1.0), at::TensorOptions().device(sgpu::device()))};
+  group.allreduce(host)->wait();
+  group.allreduce(device)->wait();
+  group.barrier()->wait();
+  return {host[0][0].item<float>(), device[0][0].to(at::kCPU).item<float>()};
+}
+
+TEST_P(Conformance, HostAndDeviceTensorsShareTheRanksGroup) {
+  const int world = std::min(available_, 2);
+  const auto sums = sgpu::distributed(host_and_device_sums, options(world)).distributed(0);
+  const float host = world == 1 ? 1.0f : 3.0f;
+  for (const auto& rank : sums) EXPECT_EQ(rank, (std::vector<float>{host, 10.0f * host}));
 }
 
 std::vector<std::string> built_backends() {

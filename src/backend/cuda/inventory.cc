@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_type.h"
 #include "backend/memory_stats.h"
 #include "backend/process_group_factory.h"
+#include "collectives/routes.h"
 #include "contract/rank_env.h"
 #include "model/platform.h"
 #include "sgpu/errors.h"
@@ -194,12 +196,18 @@ MemoryStats CudaBackend::memory_stats(int device_index) const {
 
 namespace {
 
+// NCCL for cuda tensors, and Gloo beside it for CPU ones (collectives/routes.h): a group
+// made with "sgpu" registers for both, as "cpu:gloo,cuda:nccl" does.
 class NcclGroups final : public backend::ProcessGroupFactory {
  public:
   c10::intrusive_ptr<c10d::Backend> make(
       const backend::ProcessGroupRequest& request) const override {
-    c10::intrusive_ptr<c10d::Backend> group;
-    runtime_module().make_process_group(&request, &group);
+    c10::intrusive_ptr<c10d::Backend> nccl;
+    runtime_module().make_process_group(&request, &nccl);
+    auto host =
+        collectives::gloo_group(c10::make_intrusive<c10d::PrefixStore>("host", request.store),
+                                request.rank, request.world_size, request.timeout);
+    auto group = collectives::routed_by_device(std::move(nccl), std::move(host));
     return request.record ? request.record(std::move(group)) : group;
   }
 };
