@@ -30,6 +30,7 @@
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
 #include "launcher/accounting.h"
+#include "launcher/call_end.h"
 #include "launcher/failure_table.h"
 #include "launcher/flight_recorder.h"
 #include "launcher/fork_server.h"
@@ -295,12 +296,12 @@ class CallImpl final : public detail::Call {
   const std::string& tracking_link() const override { return tracking_link_; }
 
   [[noreturn]] void raise_bad_result(int rank, const std::string& why) override {
-    std::vector<RankFailure> rows = all_rows();
-    RankFailure& row = rows.at(static_cast<std::size_t>(rank));  // every rank, in rank order
+    CallEnd end = call_end(Outcome::kRankFailed, "");
+    RankFailure& row = end.rows.at(static_cast<std::size_t>(rank));  // every rank, in rank order
     row.kind = RankFailure::Kind::kBadResult;
     row.message = "cannot decode its result as the function's return type: " + why;
     row.root_cause = true;
-    throw DistributedError(failure_text(headline(1), rows), rows, run_dir_);
+    throw DistributedError(failure_text(failed_headline(end, 1), end.rows), end.rows, run_dir_);
   }
 
   void results_taken() override {
@@ -311,17 +312,6 @@ class CallImpl final : public detail::Call {
   }
 
  private:
-  enum class Outcome {
-    kRunning,
-    kSucceeded,
-    kRankFailed,
-    kTimedOut,
-    kHung,
-    kCancelled,
-    kStartFailed,
-    kPeerFailed  // another node of the launch failed or went away
-  };
-
   // Every rank's collective ring, and how the ranks that ended did.
   std::vector<RankView> rank_views() const {
     std::vector<RankView> views;
@@ -423,10 +413,24 @@ class CallImpl final : public detail::Call {
     return live_parent(pid) == slot.pid ? pid : 0;
   }
 
-  std::string headline(int failed) const {
-    return "sgpu: " + std::to_string(failed) + " of " + std::to_string(world_size()) +
-           " ranks of " + function_label() + " failed" +
-           (nodes_.several() ? " (" + std::to_string(nodes_.nnodes) + " nodes)" : "");
+  // What the call's error is made of (call_end.h), for `outcome`.
+  CallEnd call_end(Outcome outcome, std::string reason) const {
+    CallEnd end;
+    end.outcome = outcome;
+    end.label = function_label();
+    end.world_size = world_size();
+    end.nnodes = nodes_.several() ? nodes_.nnodes : 1;
+    end.rows = all_rows();
+    end.run_dir = run_dir_;
+    end.collectives = collectives_;
+    end.stacks = stack_text();
+    end.timeout = options_.timeout;
+    end.hang_timeout = hang_timeout_;
+    end.reason = std::move(reason);
+    end.text = [this](const std::string& headline, const std::vector<RankFailure>& rows) {
+      return failure_text(headline, rows);
+    };
+    return end;
   }
   int world_size() const { return options_.gpus * nodes_.nnodes; }
   std::string function_label() const {
@@ -980,28 +984,17 @@ class CallImpl final : public detail::Call {
 
   void finish(Outcome outcome, const std::string& start_error, const std::string& cancel_reason) {
     std::vector<std::string> results;
-    std::exception_ptr error;
-    std::vector<RankFailure> rows = all_rows();
+    CallEnd end = call_end(outcome, outcome == Outcome::kStartFailed ? start_error : cancel_reason);
     // A fault that ends its rank, planned but never acted, cannot end in success.
-    const std::vector<std::string> unacted =
-        outcome == Outcome::kSucceeded
-            ? backend::find_backend(backend_name_).ending_faults(options_)
-            : std::vector<std::string>{};
-
-    if (!unacted.empty()) {
-      std::string list;
-      for (const std::string& fault : unacted) list += "\n  " + fault;
-      error = std::make_exception_ptr(DistributedError(
-          failure_text("sgpu: every rank of " + function_label() +
-                           " finished, but the fault plan did not act:" + list +
-                           "\nsuch a fault ends its rank; fix the plan or the point it names",
-                       rows),
-          rows, run_dir_));
-    } else if (outcome == Outcome::kSucceeded && kind_ == CallKind::kProgram) {
+    if (outcome == Outcome::kSucceeded) {
+      end.unacted = backend::find_backend(backend_name_).ending_faults(options_);
+    }
+    std::exception_ptr error = error_of(end);  // none: a success, whose results are read
+    if (!error && kind_ == CallKind::kProgram) {
       results.assign(slots_.size(), std::string());
-    } else if (outcome == Outcome::kSucceeded && gathered_) {
+    } else if (!error && gathered_) {
       results = std::move(*gathered_);  // every node's, from exchange_reports()
-    } else if (outcome == Outcome::kSucceeded) {
+    } else if (!error) {
       for (std::size_t i = 0; i < slots_.size() && !error; ++i) {
         try {
           results.push_back(serialize::read_record_file(slots_[i].folder.result(),
@@ -1009,72 +1002,14 @@ class CallImpl final : public detail::Call {
                                                         options_.max_payload_bytes));
         } catch (const serialize::RecordError& e) {
           // Over several nodes the rows are every node's, in global rank order.
-          RankFailure& row = *std::find_if(rows.begin(), rows.end(), [&](const RankFailure& r) {
-            return r.rank == slots_[i].rank;
-          });
+          RankFailure& row = *std::find_if(end.rows.begin(), end.rows.end(),
+                                           [&](auto& r) { return r.rank == slots_[i].rank; });
           row.kind = RankFailure::Kind::kBadResult;
           row.message = e.what();
           row.root_cause = true;
-          error = std::make_exception_ptr(
-              DistributedError(failure_text(headline(1), rows), rows, run_dir_));
+          error = std::make_exception_ptr(DistributedError(
+              failure_text(failed_headline(end, 1), end.rows), end.rows, run_dir_));
         }
-      }
-    } else {
-      mark_root_cause(rows);
-      const int failed = static_cast<int>(std::count_if(rows.begin(), rows.end(), [](auto& r) {
-        return r.kind != RankFailure::Kind::kOk && r.kind != RankFailure::Kind::kTerminated &&
-               r.kind != RankFailure::Kind::kTimedOut;
-      }));
-      if (outcome == Outcome::kTimedOut) {
-        std::string running;
-        for (const RankFailure& row : rows) {
-          if (row.kind != RankFailure::Kind::kTimedOut) continue;
-          running += (running.empty() ? "" : ", ") + std::to_string(row.rank);
-        }
-        std::string headline =
-            "sgpu: " + function_label() + " timed out after " +
-            std::to_string(options_.timeout->count()) + " ms; ranks still running: " + running +
-            ". Raise " + contract::spell("timeout") + ", or pass " + contract::spell_no_timeout();
-        if (!collectives_.verdict.empty()) {
-          headline += "\n" + collectives_.verdict + "\n" + collectives_.table + stack_text();
-        }
-        error = std::make_exception_ptr(
-            TimeoutError(failure_text(headline, rows), rows, run_dir_, collectives_));
-      } else if (outcome == Outcome::kHung) {
-        const std::string headline =
-            "sgpu: " + function_label() + " hung: " + collectives_.verdict + "\n" +
-            collectives_.table + stack_text() + "\n(" + contract::spell("hang_timeout") + " is " +
-            describe_duration(
-                std::chrono::duration_cast<std::chrono::nanoseconds>(*hang_timeout_).count()) +
-            ": a collective was in flight that long; raise it for steps that wait longer, or "
-            "pass " +
-            contract::spell_none("hang_timeout") + ")";
-        error = std::make_exception_ptr(
-            HangError(failure_text(headline, rows), rows, run_dir_, collectives_));
-      } else if (outcome == Outcome::kCancelled) {
-        error = std::make_exception_ptr(CancelledError(
-            failure_text("sgpu: " + function_label() + " " + cancel_reason, rows), rows, run_dir_));
-      } else if (outcome == Outcome::kPeerFailed) {
-        error = std::make_exception_ptr(DistributedError(
-            failure_text("sgpu: " + function_label() +
-                             " failed on another node of the launch: " + cancel_reason,
-                         rows),
-            rows, run_dir_));
-      } else if (outcome == Outcome::kStartFailed) {
-        error = std::make_exception_ptr(DistributedError(
-            failure_text("sgpu: cannot start the ranks of " + function_label() + ": " + start_error,
-                         rows),
-            rows, run_dir_));
-      } else {
-        // A failure in or around a collective: what the rings say comes after the root cause.
-        std::string text = headline(std::max(failed, 1));
-        CollectiveDiagnosis collectives;
-        if (!collectives_.verdict.empty() && !collectives_.culprits.empty()) {
-          collectives = collectives_;
-          text += "\n" + collectives.verdict + "\n" + collectives.table + stack_text();
-        }
-        error = std::make_exception_ptr(
-            DistributedError(failure_text(text, rows), rows, run_dir_, std::move(collectives)));
       }
     }
     std::vector<MemoryStats> memory;
