@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import sgpu
 from conftest import alive, distributed_error, processes_with_marker, wait_until
+from sgpu_cli import SGPU, needs_cli
 from sgpu import distributed
 
 
@@ -616,8 +617,7 @@ def test_a_server_down_at_the_start_runs_the_call_and_says_its_metrics_are_not_k
     assert "start the server before the call" in said
 
 
-@pytest.mark.skipif(not os.access(os.environ.get("SGPU_CLI", ""), os.X_OK),
-                    reason="SGPU_CLI names no sgpu binary")
+@needs_cli
 def test_the_run_of_a_decorator_caller_killed_outright_is_ended_killed(tmp_path):
     """A caller killed by SIGKILL cannot end its call's run: the next sync finds its record
     no longer locked and ends the run KILLED, as for sgpu run."""
@@ -664,7 +664,7 @@ def test_the_run_of_a_decorator_caller_killed_outright_is_ended_killed(tmp_path)
     child.kill()
     child.communicate()
     assert wait_until(lambda: processes_with_marker(marker) == [], limit=20)
-    synced = subprocess.run([os.environ["SGPU_CLI"], "tracking", "sync", "--log-dir", str(runs)],
+    synced = subprocess.run([SGPU, "tracking", "sync", "--log-dir", str(runs)],
                             capture_output=True, text=True, timeout=60)
     assert synced.returncode == 0, synced.stderr
     assert "left running by a caller that died" in synced.stderr + synced.stdout

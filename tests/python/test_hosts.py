@@ -25,11 +25,10 @@ import pytest
 
 from conftest import processes_with_marker, wait_until
 from test_nodes import SLEEPER, script  # every rank sleeps but CRASH_RANK, which exits 7
+from sgpu_cli import NODES_CALLER, SGPU, needs_cli
 
-SGPU = os.environ.get("SGPU_CLI", "")
-pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
+pytestmark = needs_cli
 DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
-NODES_CALLER = os.path.join(os.path.dirname(SGPU), "sgpu_nodes_caller")  # tests/workers/
 
 class Hosts:
     """Hosts h0, h1, ...: network namespaces with an address, a host name and an /etc/hosts

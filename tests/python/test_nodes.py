@@ -18,12 +18,10 @@ import time
 import pytest
 
 from conftest import processes_with_marker, wait_until
+from sgpu_cli import NODES_CALLER, SGPU, needs_cli
 
-SGPU = os.environ.get("SGPU_CLI", "")
-pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
+pytestmark = needs_cli
 DDP_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "cli", "ddp_train.py")
-# tests/workers/nodes_caller.cc, built beside the sgpu command.
-NODES_CALLER = os.path.join(os.path.dirname(SGPU), "sgpu_nodes_caller")
 
 
 def free_port() -> int:

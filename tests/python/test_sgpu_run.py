@@ -5,27 +5,14 @@ the failure table; the fault plan acts, or the call says it did not."""
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from conftest import processes_with_marker, wait_until
+from sgpu_cli import SGPU, needs_cli
+from sgpu_cli import sgpu_run as run
 
-SGPU = os.environ.get("SGPU_CLI", "")
-pytestmark = pytest.mark.skipif(not os.access(SGPU, os.X_OK), reason="SGPU_CLI names no sgpu binary")
-
-
-def run(tmp_path, body, *flags, env=None, timeout=120, wait=True):
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(body))
-    command = [SGPU, "run", "--backend", "sim", *flags, "--", sys.executable, str(script)]
-    child = subprocess.Popen(command, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    if not wait:
-        return child
-    out, err = child.communicate(timeout=timeout)
-    return child.returncode, out, err
+pytestmark = needs_cli
 
 
 def test_what_a_rank_started_dies_when_sgpu_run_is_killed(tmp_path):

@@ -5,15 +5,13 @@ cannot be simulated says so."""
 
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 import sgpu
 from conftest import distributed_error
+from sgpu_cli import needs_cli, sgpu_run
 from sgpu import distributed
 
 MiB = 1 << 20
@@ -311,11 +309,9 @@ def test_sim_cuda_off_keeps_cpu_devices(monkeypatch):
     assert off.distributed() == [(False, "cpu")]
 
 
-@pytest.mark.skipif(not os.access(os.environ.get("SGPU_CLI", ""), os.X_OK),
-                    reason="SGPU_CLI names no sgpu binary")
+@needs_cli
 def test_a_program_that_never_imports_sgpu_gets_the_simulated_gpus(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    code, out, err = sgpu_run(tmp_path, """
         import os
         import torch
         import torch.distributed as dist
@@ -327,13 +323,10 @@ def test_a_program_that_never_imports_sgpu_gets_the_simulated_gpus(tmp_path):
         dist.all_reduce(t)
         print(f"rank {dist.get_rank()} on {t.device} of {torch.cuda.device_count()}: {t.tolist()}")
         dist.destroy_process_group()
-    """))
-    done = subprocess.run([os.environ["SGPU_CLI"], "run", "--gpus", "2", "--backend", "sim", "--",
-                           sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "SGPU_TRACKING": "off"})
-    assert done.returncode == 0, done.stderr
-    assert "rank 0 on cuda:0 of 8: [3.0, 3.0]" in done.stdout
-    assert "rank 1 on cuda:1 of 8: [3.0, 3.0]" in done.stdout
+    """, "--gpus", "2", timeout=300, env={"SGPU_TRACKING": "off"})
+    assert code == 0, err
+    assert "rank 0 on cuda:0 of 8: [3.0, 3.0]" in out
+    assert "rank 1 on cuda:1 of 8: [3.0, 3.0]" in out
 
 
 def test_any_sequence_of_operators_on_cuda_is_bit_identical_to_the_cpu():

@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-SGPU = os.environ.get("SGPU_CLI", "")
+from sgpu_cli import SGPU
 # Debian's, with the machine's name on 127.0.1.1 as its installer writes it (Gloo looks the
 # host name up).
 STOCK_HOSTS = ("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n"
