@@ -39,7 +39,7 @@ def pytest_configure(config) -> None:
 @pytest.fixture
 def sgpu_sim(monkeypatch):
     """sgpu_sim(node="4xA10", faults=None): this test's calls run on a simulated node of
-    that spec, under that fault plan (README, "Fault injection"); restored after it."""
+    that spec, under that fault plan (docs/simulation.md, "Fault injection"); restored after it."""
 
     def configure(node: str | None = None, faults: str | None = None) -> None:
         monkeypatch.setenv("SGPU_BACKEND", "sim")

@@ -14,7 +14,7 @@
     train.distributed(3)                       # [0, 1, ..., 7]
 
 Each call is an MLflow run; inside the function, mlflow.log_metric and sgpu.log_metric
-land in it. See the README's "Python" section.
+land in it. See docs/python.md.
 """
 
 # The extension module is built into build/python/sgpu/, beside a copy of these sources;

@@ -20,7 +20,7 @@ place when the volume is on the stage's filesystem). A copy that fails transient
 
 The files are DCP's own (torch's FileSystemWriter format): torch's FileSystemReader, and
 any tool that reads DCP checkpoints, reads them. (sgpu's C++ checkpoints are safetensors
-with a manifest: README.md, "Checkpoints from Python".)
+with a manifest: docs/data-and-checkpoints.md, "Checkpoints from Python".)
 """
 
 from __future__ import annotations

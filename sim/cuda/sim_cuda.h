@@ -20,7 +20,7 @@
 // The process groups of a simulated transport take cuda tensors (for_cuda_tensors): shared
 // memory as they are, Gloo through CPU views; two ranks on one GPU fail as under NCCL.
 // Python puts torch.cuda's module-level functions over these (python/sgpu/_sim_cuda.py).
-// What differs from a node is in the README ("CUDA on sim").
+// What differs from a node is in docs/simulation.md ("CUDA on sim").
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>

@@ -78,7 +78,7 @@ std::string to_string(RankFailure::Kind kind);
 std::string signal_name(int signal);
 
 // What the ranks' collective recorders say of a call that hung, timed out or failed in a
-// collective (README "When a call hangs").
+// collective (docs/errors.md, "When a call hangs").
 struct CollectiveDiagnosis {
   std::string verdict;           // who the call waits on and why; empty when the rings say nothing
   std::vector<int> culprits;     // the ranks the verdict names as the cause

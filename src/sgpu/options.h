@@ -25,7 +25,7 @@ using Timeout = std::optional<std::chrono::milliseconds>;
 inline constexpr Timeout kNoTimeout = std::nullopt;
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::hours(3);
 // How long a collective may stay in flight on a rank before the call is judged hung
-// (README "When a call hangs" says why 10 minutes).
+// (docs/errors.md, "When a call hangs", says why 10 minutes).
 inline constexpr std::chrono::milliseconds kDefaultHangTimeout = std::chrono::minutes(10);
 
 // The longest duration sgpu keeps as a number: 100 years. A deadline that far out is no
@@ -100,14 +100,14 @@ struct Options {
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
   StartMethod start_method = StartMethod::kAuto;  // SGPU_START_METHOD=fork-server|exec overrides
   std::string name;  // shown in logs and errors; empty: the function's name
-  // Experiment tracking (README "Tracking"): each call is an MLflow run.
+  // Experiment tracking (docs/tracking.md): each call is an MLflow run.
   bool tracking = true;      // false: no run, nothing written; SGPU_TRACKING=off does the same
   std::string tracking_uri;  // http(s)://server, sqlite:///path.db or file:/path; empty:
                              // MLFLOW_TRACKING_URI, else MLflow's own default: ./mlruns when
                              // it holds runs already, else sqlite:///mlflow.db
   std::string experiment;    // experiment name, created if missing; empty:
                              // MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID, else Default
-  // Several nodes (README "Several nodes"): the same launch on every node, each with its
+  // Several nodes (docs/cli.md, "Several nodes"): the same launch on every node, each with its
   // own node_rank, meeting at node 0's store. Left unset they come from the engine this
   // process runs under (torchrun's PET_* variables, a Slurm step, Open MPI or PMI), else
   // the launch is this node alone. So far only sgpu run's programs span nodes.

@@ -46,7 +46,7 @@ TEST(Platforms, EachGpuTypeHasItsNode) {
   EXPECT_EQ(default_platform_for("H800"), std::nullopt);
 }
 
-// The validation the README's table shows: published 8xH100 (and 8xH200) figures within
+// The validation docs/communication.md's table shows: published 8xH100 (and 8xH200) figures within
 // 10% from 64 MiB up, the small-message floor within 2x.
 TEST(Validation, PublishedHopperFiguresAreMet) {
   for (const char* name : {"h100-nvswitch", "h200-nvswitch"}) {

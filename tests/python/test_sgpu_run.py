@@ -37,7 +37,7 @@ def test_a_programs_ranks_know_their_places_through_the_rank_helpers(tmp_path):
         """, "--gpus", "3", env={"SGPU_TRACKING": "off"})
     assert code == 0, err
     places = sorted(line.split("place ", 1)[1] for line in out.splitlines() if "place " in line)
-    # A Python program's cuda devices are the simulated GPUs (README "CUDA on sim").
+    # A Python program's cuda devices are the simulated GPUs (docs/simulation.md, "CUDA on sim").
     assert places == [f"{r} {r} 3 3 0 {r} cuda:{r}" for r in range(3)], out
 
 

@@ -1,6 +1,6 @@
 """The "sgpu" backend against PyTorch's own distributed suite (torch_suite/runner.py), on both
 simulated transports, beside gloo on the same tests in the same run: every test gloo passes,
-sgpu passes, but for the differences README.md lists ("sgpu" against torch's suite), which
+sgpu passes, but for the differences docs/simulation.md lists ("sgpu" against torch's suite), which
 are asserted to stay as they are, so that the list stays true.
 
 The selection takes each collective and object collective once, every reduction and the
@@ -48,7 +48,7 @@ SELECTION = [
 ]
 
 # What gloo passes and sgpu does not, on each transport, and the text that says why;
-# README.md lists the same.
+# docs/simulation.md lists the same.
 BOTH = {
     # torch.distributed.monitored_barrier refuses every backend not named "gloo".
     "test_monitored_barrier_gloo": "monitored_barrier is only implemented for GLOO backend",
@@ -114,4 +114,4 @@ def test_sgpu_passes_what_gloo_passes_in_torchs_own_suite(transport, gloo, tmp_p
         assert gloo[name][0] == "passed", f"gloo no longer passes {name}: {gloo[name]}"
         outcome, text = sgpu[name]
         assert outcome == "failed" and reason in text, (
-            f"{name} now gives {outcome} on sgpu ({text[-800:]}): update DIFFERENCES and README.md")
+            f"{name} now gives {outcome} on sgpu ({text[-800:]}): update DIFFERENCES and docs/simulation.md")

@@ -31,7 +31,7 @@ def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options
         raise ConfigError(
             "remote=True asks Databricks to provision remote GPUs, which sgpu does not do: "
             "it runs on this node's GPUs (remote=False), simulated ones on sim; for several "
-            "nodes, start the program under `sgpu run` on each, under Slurm or MPI (README, "
+            "nodes, start the program under `sgpu run` on each, under Slurm or MPI (sgpu's docs/cli.md, "
             "'Several nodes')")
     if gpus is not None:
         options["gpus"] = gpus
