@@ -22,8 +22,9 @@ std::string upper(std::string_view text) {
 
 const std::vector<GpuModel>& gpu_models() {
   // Capacities: H100 SXM, A100 80GB and A10G as their published out-of-memory messages
-  // give them (docs/simulation.md, "Device memory on sim"); A10 as A10G (NVML reports the same memory),
-  // A800 as A100, H800 as H100; H200 as NVML's 143,771 MiB less the H100's 0.54 GiB offset.
+  // give them (docs/simulation.md, "Device memory on sim"); A10 as A10G (NVML reports the
+  // same memory), A800 as A100, H800 as H100; H200 as NVML's 143,771 MiB less the H100's
+  // 0.54 GiB offset.
   // The rest are estimates: the label's memory less the 1.1% the H100 loses.
   // Compute capabilities are CUDA's table; SM counts NVIDIA's architecture whitepapers and
   // product briefs (the SXM variant where there are several: H100 PCIe has 114).
