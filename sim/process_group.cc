@@ -44,6 +44,39 @@ RankFaults& rank_faults() {
   return *faults;
 }
 
+// The transport of a rank that computes shapes only: an operation on fake tensors is done
+// at once and moves nothing (they hold no data), while what stands above it (the
+// recorder, the fault plan) sees it as any other; one on real tensors (the bookkeeping a
+// rank keeps real: sgpu/_shapes.py) runs on the transport.
+class MovingNoBytes final : public collectives::InterposingBackend {
+ public:
+  using InterposingBackend::InterposingBackend;
+
+  // Its future holds the tensors, as a transport's does: DDP's reducer reads them there.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    if (tensors.empty() || holds_data(tensors.front())) {
+      return InterposingBackend::allreduce(tensors, opts);
+    }
+    return done(c10::IValue(tensors));
+  }
+
+ protected:
+  c10::intrusive_ptr<c10d::Work> around(const collectives::OpCall& call, Run run) override {
+    return call.data ? run() : done(c10::IValue());
+  }
+
+ private:
+  static bool holds_data(const at::Tensor& t) {
+    return !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);
+  }
+  static c10::intrusive_ptr<c10d::Work> done(c10::IValue value) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(value.type());
+    future->markCompleted(std::move(value));
+    return c10d::Work::create_from_future(future);
+  }
+};
+
 // Counts collectives and applies the faults planned for them, then runs the real one.
 // Point-to-point transfers are not collectives: they pass without counting.
 class FaultInjectingBackend final : public collectives::InterposingBackend {
@@ -96,7 +129,9 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
       "SGPU_SIM=" + spec,
       std::string(cuda::kSimCudaVar) + "=" + (sim_cuda_of(options) ? "on" : "off"),
       std::string(kTransportVar) + "=" + transport_name(chosen_transport(options)),
-      std::string(contract::kPlatformVar) + "=" + platform};
+      std::string(contract::kPlatformVar) + "=" + platform,
+      std::string(contract::kSimComputeVar) + "=" +
+          (computes_shapes(options) ? "shapes" : "values")};
   const std::string plan = plan_of(options);
   if (plan.empty()) return variables;
   parse_faults(plan, world_of(options));  // ConfigError before anything starts
@@ -164,6 +199,7 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     group =
         collectives::gloo_group(request.store, request.rank, request.world_size, request.timeout);
   }
+  if (rank_computes_shapes()) group = c10::make_intrusive<MovingNoBytes>(std::move(group));
   if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
     group = cuda::for_cuda_tensors(std::move(group), request.store,
                                    rank_transport() == Transport::kGloo);
@@ -198,6 +234,27 @@ Transport chosen_transport(const Options& options) {
   throw ConfigError(given +
                     " is not a transport of the simulated backend: use \"shm\" (shared memory, "
                     "the default) or \"gloo\" (Gloo over loopback TCP)");
+}
+
+bool computes_shapes(const Options& options) {
+  std::string name = options.sim_compute;
+  std::string given = contract::spell("sim_compute", name);
+  if (name.empty()) {
+    const char* env = std::getenv(contract::kSimComputeVar);
+    if (env == nullptr || *env == '\0') return false;
+    name = env;
+    given = std::string(contract::kSimComputeVar) + "=" + name;
+  }
+  if (name == "values") return false;
+  if (name == "shapes") return true;
+  throw ConfigError(given +
+                    " is not what simulated ranks compute: use \"values\" (the default: tensors "
+                    "hold data) or \"shapes\" (a Python rank's tensors carry shapes and no data)");
+}
+
+bool rank_computes_shapes() {
+  const char* env = std::getenv(contract::kSimComputeVar);
+  return env != nullptr && std::string_view(env) == "shapes";
 }
 
 const char* transport_name(Transport transport) {

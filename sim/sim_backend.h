@@ -55,6 +55,12 @@ bool counts_memory();
 
 std::unique_ptr<backend::Backend> make_sim_backend();
 
+// Whether a call's ranks compute shapes only: Options::sim_compute, else SGPU_SIM_COMPUTE,
+// "values" (or unset) or "shapes"; ConfigError naming the setting for anything else.
+bool computes_shapes(const Options& options);
+// In a rank: what the launcher chose (SGPU_SIM_COMPUTE).
+bool rank_computes_shapes();
+
 // How a simulated rank's collectives travel: shared memory (the default) or Gloo.
 enum class Transport { kShm, kGloo };
 inline constexpr const char* kTransportVar = "SGPU_SIM_TRANSPORT";

@@ -76,6 +76,8 @@ Options options_from(const py::dict& given) {
       options.sim_faults = py::cast<std::string>(value);
     } else if (key == "sim_transport") {
       options.sim_transport = py::cast<std::string>(value);
+    } else if (key == "sim_compute") {
+      options.sim_compute = py::cast<std::string>(value);
     } else if (key == "sim_cuda") {
       options.sim_cuda = py::cast<bool>(value);
     } else if (key == "runs_dir") {

@@ -43,6 +43,7 @@ _OPTION_TYPES = {
     "sim_node": (str, 'a node spec such as "8xH100"'),
     "sim_faults": (str, 'a fault plan such as "rank=1:segv@collective=3"'),
     "sim_transport": (str, '"shm" or "gloo"'),
+    "sim_compute": (str, '"values" or "shapes"'),
     "sim_cuda": (bool, "True (a rank's cuda devices are the simulated GPUs) or False (CPU)"),
     "runs_dir": (str, "a folder"),
     "keep_run_dir": (bool, "True or False"),

@@ -43,6 +43,8 @@ void add(OpCall& call, const at::Tensor& t, std::int64_t& numel) {
   if (call.dtype.empty() && t.defined()) {
     call.dtype = dtype_name(t.scalar_type());
     call.host = t.device().is_cpu();
+    // A fake tensor's storage is the meta device's, whatever device the tensor names.
+    call.data = !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);
   }
   if (t.defined()) numel += t.numel();
 }

@@ -26,6 +26,7 @@ struct OpCall {
   std::int64_t bytes_out = 0;  // of the outputs
   bool host = true;  // its tensors are in host memory (the first one's device is the CPU); a
                      // barrier's, unless its options name a device (device_ids, or device)
+  bool data = true;  // its tensors hold data; false for fake tensors (shapes, no storage)
 };
 
 // "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum".

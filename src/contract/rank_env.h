@@ -16,6 +16,9 @@
 namespace sgpu::contract {
 
 // torchrun's.
+// What sim ranks compute, "values" or "shapes" (Options::sim_compute): the simulated
+// backend's, read here too by the launcher, which takes "shapes" for Python ranks only.
+inline constexpr const char* kSimComputeVar = "SGPU_SIM_COMPUTE";
 inline constexpr const char* kRankVar = "RANK";
 inline constexpr const char* kLocalRankVar = "LOCAL_RANK";
 inline constexpr const char* kGroupRankVar = "GROUP_RANK";

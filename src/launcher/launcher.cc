@@ -1101,6 +1101,17 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
     selection =
         backend::select_devices(inventory, options.gpus, options.gpu_type, chosen_backend->name());
     backend_env = chosen_backend->rank_environment(options);
+    // Shapes without data are a Python rank's, whose tensors can be fake ones; a C++
+    // function's or a program's ranks would compute on nothing and move nothing.
+    const std::string shapes = std::string(contract::kSimComputeVar) + "=shapes";
+    if (kind != CallKind::kWorker &&
+        std::find(backend_env.begin(), backend_env.end(), shapes) != backend_env.end()) {
+      throw ConfigError(contract::spell("sim_compute", "shapes") +
+                        " is for Python functions (the decorator's ranks, whose tensors can "
+                        "be fake ones); " +
+                        (kind == CallKind::kProgram ? "a program's" : "a C++ function's") +
+                        " ranks compute on data: leave it \"values\"");
+    }
     if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
         size > options.max_payload_bytes) {
       throw ConfigError("the arguments take " + std::to_string(size) +

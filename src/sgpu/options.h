@@ -89,6 +89,10 @@ struct Options {
                                    // SGPU_SIM_FAULTS
   std::string sim_transport;       // sim collectives: "shm" (shared memory) or "gloo";
                                    // empty: SGPU_SIM_TRANSPORT, else "shm"
+  std::string sim_compute;         // what sim ranks compute: "values" (the default) or "shapes":
+                                   // a Python rank's tensors carry shapes and no data, and its
+                                   // collectives move no bytes (docs/simulation.md, "Shape-only
+                                   // compute"); empty: SGPU_SIM_COMPUTE, else "values"
   bool sim_cuda = true;            // a Python rank's cuda devices on sim are the node's GPUs
                                    // served by the CPU; false: CPU devices, as a C++ rank's;
                                    // SGPU_SIM_CUDA=on|off overrides

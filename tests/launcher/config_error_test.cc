@@ -53,6 +53,20 @@ TEST(ConfigError, ZeroOrNegativeTimeout) {
   expect_has(error_of<sgpu::ConfigError>(o), "kNoTimeout");
 }
 
+TEST(ConfigError, ShapeOnlyComputeIsForPythonFunctionsAndNamesItsValues) {
+  auto o = sim();
+  o.sim_compute = "shapes";
+  expect_has(error_of<sgpu::ConfigError>(o), "sim_compute=\"shapes\" is for Python functions");
+  expect_has(error_of<sgpu::ConfigError>(o), "a C++ function's ranks compute on data");
+  o.sim_compute = "fake";
+  expect_has(error_of<sgpu::ConfigError>(o),
+             "sim_compute=\"fake\" is not what simulated ranks compute: use \"values\"");
+  o.sim_compute.clear();
+  ::setenv("SGPU_SIM_COMPUTE", "shape", 1);
+  expect_has(error_of<sgpu::ConfigError>(o), "SGPU_SIM_COMPUTE=shape is not what simulated");
+  ::unsetenv("SGPU_SIM_COMPUTE");
+}
+
 TEST(ConfigError, UnknownBackend) {
   auto o = sim();
   o.backend = "tpu";

@@ -1,0 +1,130 @@
+"""Shape-only compute (sim_compute="shapes"): a rank's tensors carry shapes and no data,
+and its collectives move no bytes, yet each is counted, sized and timed as the real one.
+The law: a training step records exactly the collectives, bytes and predicted times in
+shapes that it records computing values, for DDP, FSDP2 and ZeRO on 2 and 8 ranks."""
+
+import pytest
+import torch
+
+import sgpu
+from conftest import distributed_error
+from sgpu import distributed
+
+
+def step(strategy: str, width: int) -> str:
+    """Two training steps of a small MLP, as a user writes them for a GPU node."""
+    import os
+
+    import torch.distributed as dist
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, 4)).cuda()
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[local], bucket_cap_mb=0.05)
+        if strategy == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            optimizer = ZeroRedundancyOptimizer(model.parameters(),
+                                                optimizer_class=torch.optim.AdamW, lr=1e-3)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        loss = model(torch.randn(8, width, device="cuda")).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+    return str(loss.device)
+
+
+def recorded(compute: str, gpus: int, strategy: str) -> list:
+    """Each rank's collectives per group and op: (count, bytes, predicted seconds)."""
+    call = distributed(gpus=gpus, tracking=False, sim_compute=compute)(step).launch(strategy, 96)
+    assert call.result() == [f"cuda:{rank}" for rank in range(gpus)]
+    return [{group: {op: (totals["count"], totals["bytes"], totals["predicted_seconds"])
+                     for op, totals in ops.items()}
+             for group, ops in rank.items()}
+            for rank in call.comm_stats()]
+
+
+@pytest.mark.parametrize("gpus", [2, 8])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero"])
+def test_a_shape_only_step_records_the_collectives_of_the_real_one_exactly(strategy, gpus):
+    values = recorded("values", gpus, strategy)
+    assert values[0]["world"], "the step made no collective"
+    assert recorded("shapes", gpus, strategy) == values
+
+
+def test_a_model_far_larger_than_this_machine_steps_in_shapes():
+    """Three 40000x40000 layers: 19 GB of fp32 weights, 77 GB with gradients and AdamW's
+    state, on a machine of 24 GiB. FSDP2 reduce-scatters each gradient once a step."""
+
+    @distributed(gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")
+    def huge():
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        model = torch.nn.Sequential(*[torch.nn.Linear(40_000, 40_000) for _ in range(3)]).cuda()
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.randn(4, 40_000, device="cuda")).sum().backward()
+        optimizer.step()
+        return [tuple(p.to_local().shape) for p in model.parameters()]
+
+    call = huge.launch()
+    assert call.result()[0] == [(20_000, 40_000), (20_000,)] * 3  # each rank's shards
+    world = call.comm_stats()[0]["world"]
+    assert world["reduce_scatter_tensor"]["count"] == 3
+    assert world["reduce_scatter_tensor"]["bytes"] == 3 * (40_000 * 40_000 + 40_000) * 4
+
+
+def test_a_value_asked_of_a_fake_tensor_fails_naming_the_operator():
+    @distributed(gpus=2, tracking=False, sim_compute="shapes")
+    def reads_a_loss():
+        torch.cuda.set_device(sgpu.get_local_rank())
+        loss = torch.randn(4, device="cuda").sum()
+        return loss.item()
+
+    with pytest.raises(Exception) as caught:
+        reads_a_loss.distributed()
+    error = distributed_error(caught.value)
+    assert isinstance(error, sgpu.DistributedError)
+    assert "DataDependentOutputException" in error.root_cause.exception_type
+    assert "aten._local_scalar_dense" in error.root_cause.message
+
+
+def test_bookkeeping_stays_real_in_shapes():
+    """A device mesh's rank map, integer tensors and what they gather hold their values."""
+
+    @distributed(gpus=2, tracking=False, sim_compute="shapes")
+    def counts():
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        mesh = init_device_mesh("cuda", (2,))
+        mine = torch.tensor([dist.get_rank() + 10], device="cuda")
+        every = [torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(2)]
+        dist.all_gather(every, mine)
+        weights = torch.randn(3, 3, device="cuda")
+        return mesh.mesh.tolist(), [t.item() for t in every], type(weights).__name__
+
+    assert counts.distributed() == [([0, 1], [10, 11], "FakeTensor")] * 2
