@@ -6,8 +6,9 @@ and ends (the launch, torch's import and the group: the floor any step pays):
   step      examples/models/llama.py at --size (Llama 3's 8B by default) under FSDP2 on
             --gpus simulated H100s, one forward, backward and AdamW step of --batch x --seq
             tokens, without and with activation checkpointing: the call's wall time, its
-            x over the floor, each rank's time in the step, and what the step's collectives
-            are: count, bytes per op, and the collective model's predicted time on the node
+            x over the floor, each rank's time in the step, the fullest GPU's peak allocated
+            memory, and what the step's collectives are: count, bytes per op, and the
+            collective model's predicted time on the node
   floor     the same call doing nothing but init_process_group and destroy_process_group
 
     PYTHONPATH=build/python /opt/sgpu/venv/bin/python bench/bench_shapes.py [--gpus 8]
@@ -67,7 +68,8 @@ def timed(function, gpus: int, *args):
     start = time.perf_counter()
     handle = call.launch(*args)
     per_rank = handle.result()
-    return time.perf_counter() - start, per_rank, handle.comm_stats()
+    peak = max(m["allocated_bytes.all.peak"] for m in handle.memory_stats())
+    return time.perf_counter() - start, per_rank, handle.comm_stats(), peak
 
 
 def main() -> None:
@@ -79,15 +81,15 @@ def main() -> None:
     parser.add_argument("--no-checkpointing", action="store_true",
                         help="skip the run with activation checkpointing")
     args = parser.parse_args()
-    base, _, _ = timed(floor, args.gpus)
+    base, _, _, _ = timed(floor, args.gpus)
     print(f"floor: {args.gpus} ranks start, make their group and end in {base:.1f} s")
     for checkpointing in [False] + ([] if args.no_checkpointing else [True]):
-        wall, per_rank, comm = timed(step, args.gpus, args.size, args.batch, args.seq,
-                                     checkpointing)
+        wall, per_rank, comm, peak = timed(step, args.gpus, args.size, args.batch, args.seq,
+                                           checkpointing)
         label = f"{args.size} FSDP2 step{' with activation checkpointing' if checkpointing else ''}"
         print(f"{label} on {args.gpus} simulated H100s, shape-only: {wall:.1f} s "
               f"(x{wall / base:.1f} the floor; in the step {max(per_rank):.1f} s on the "
-              f"slowest rank)")
+              f"slowest rank); peak allocated {peak / 2**30:.2f} GiB on the fullest GPU")
         predicted = 0.0
         for op, totals in sorted(comm[0].get("world", {}).items()):
             predicted += totals["predicted_seconds"]

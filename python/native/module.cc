@@ -46,6 +46,7 @@
 #include "sgpu/options.h"
 #include "sgpu/tracking.h"
 #include "sim/cuda/sim_cuda.h"
+#include "sim/memory/device_allocator.h"
 
 namespace py = pybind11;
 
@@ -515,6 +516,12 @@ void bind_cuda_on_sim(py::module_& m) {
   m.def("cuda_reset_accumulated_memory_stats",
         [](int index) { sim::cuda::reset_accumulated_memory_stats(resolve_device(index)); });
   m.def("cuda_empty_cache", [](int index) { sim::cuda::empty_cache(resolve_device(index)); });
+  // Shape-only compute (sgpu/_shapes.py): a fake tensor's storage of `bytes` on served
+  // device `index`, counted by the device's memory model until the returned object goes.
+  m.def("count_fake_storage", [](int index, std::size_t bytes) {
+    auto* held = new c10::DataPtr(sim::memory::count_without_data(resolve_device(index), bytes));
+    return py::capsule(held, [](void* data) { delete static_cast<c10::DataPtr*>(data); });
+  });
   m.def("cuda_set_memory_fraction", [](double fraction, int index) {
     sim::cuda::set_memory_fraction(resolve_device(index), fraction);
   });

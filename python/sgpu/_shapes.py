@@ -19,7 +19,8 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
 
 _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
             "cuda": torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)}
@@ -47,9 +48,21 @@ def _runs_for_real(func, args, kwargs) -> bool:
     return func in _RANGES and all(isinstance(a, (int, bool)) for a in args)
 
 
-class _Dispatch(TorchDispatchMode):
-    """Every c10d operation to its process group's backend, past the fake tensors'
-    kernels; host bookkeeping for real; every other operator to the fake tensor mode."""
+class _ShapesMode(FakeTensorMode):
+    """torch's fake tensor mode, but: every c10d operation goes to its process group's
+    backend, past the fake tensors' kernels; bookkeeping runs for real; and each new fake
+    storage on a cuda device is counted by that device's memory model. Being the fake mode
+    itself, it sees the operators a tensor subclass runs on its local tensors too (a
+    DTensor's: FSDP2's optimizer step)."""
+
+    def __init__(self):
+        super().__init__(allow_non_fake_inputs=True)
+        from sgpu import _native
+
+        self._count = _native.count_fake_storage
+        # A fake storage on cuda -> [its device, what its bytes hold of the model (None
+        # while resized to nothing)]; an entry goes, and its bytes with it, with the storage.
+        self.held = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -67,7 +80,25 @@ class _Dispatch(TorchDispatchMode):
         if _runs_for_real(func, args, kwargs):
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, FakeTensor) and leaf.device.type == "cuda":
+                storage = leaf.untyped_storage()
+                if storage not in self.held:
+                    self.held[storage] = [leaf.device.index, None]
+                    self.counted(storage, storage.nbytes(), func)
+        return out
+
+    def counted(self, storage, size: int, where) -> None:
+        """The storage's bytes now `size` in its device's model (CUDA's out-of-memory
+        error, naming `where`, past the device's capacity)."""
+        entry = self.held[storage]
+        entry[1] = None  # what it held goes first, as the caching allocator frees then allocates
+        if size > 0:
+            try:
+                entry[1] = self._count(entry[0], size)
+            except torch.OutOfMemoryError as error:
+                raise torch.OutOfMemoryError(f"{error} (shape-only compute, at {where})") from None
 
 
 @contextlib.contextmanager
@@ -92,9 +123,30 @@ def _swappable(mode: FakeTensorMode):
 
 
 @contextlib.contextmanager
+def _resizes_counted(mode: _ShapesMode):
+    """FSDP frees an unsharded parameter's memory by resizing its storage to nothing and
+    takes it again by resizing it back, outside any operator: each resize of a counted
+    storage is counted."""
+    resize = torch.UntypedStorage.resize_
+
+    def counted_resize(storage, size):
+        result = resize(storage, size)
+        if storage in mode.held:
+            mode.counted(storage, int(size), "UntypedStorage.resize_")
+        return result
+
+    torch.UntypedStorage.resize_ = counted_resize
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = resize
+
+
+@contextlib.contextmanager
 def shapes_only():
-    """Tensors made inside are fake (shapes, no data); collectives reach sgpu's groups.
-    Tensors made before (the function's arguments) may be used as they are."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _swappable(mode), mode, _Dispatch():
+    """Tensors made inside are fake (shapes, no data); collectives reach sgpu's groups;
+    the fake storages on cuda devices are their devices' memory. Tensors made before (the
+    function's arguments) may be used as they are."""
+    mode = _ShapesMode()
+    with _swappable(mode), _resizes_counted(mode), mode:
         yield

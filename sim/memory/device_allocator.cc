@@ -67,13 +67,7 @@ class DeviceAllocator final : public c10::Allocator {
   c10::DataPtr allocate_on(int index, std::size_t n) {
     Device* device = find(index);
     if (device == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
-    OutOfMemory failure;
-    CachingModel::Block* block = nullptr;
-    {
-      std::lock_guard lock(device->mutex);
-      block = device->model.malloc(n, &failure);
-    }
-    if (block == nullptr) C10_THROW_ERROR(OutOfMemoryError, out_of_memory_message(index, failure));
+    CachingModel::Block* block = counted(device, index, n);
     void* data = nullptr;
     try {
       data = c10::alloc_cpu(n);
@@ -84,6 +78,14 @@ class DeviceAllocator final : public c10::Allocator {
     }
     auto* holding = new Holding{device, block, data};
     return {data, holding, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // A block of the device's model with no memory behind it (count_without_data).
+  c10::DataPtr count_on(int index, std::size_t n) {
+    Device* device = find(index);
+    if (device == nullptr || n == 0) return {};
+    auto* holding = new Holding{device, counted(device, index, n), nullptr};
+    return {nullptr, holding, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -114,6 +116,18 @@ class DeviceAllocator final : public c10::Allocator {
   }
 
  private:
+  // `n` bytes of the device's model, or CUDA's out-of-memory error.
+  static CachingModel::Block* counted(Device* device, int index, std::size_t n) {
+    OutOfMemory failure;
+    CachingModel::Block* block = nullptr;
+    {
+      std::lock_guard lock(device->mutex);
+      block = device->model.malloc(n, &failure);
+    }
+    if (block == nullptr) C10_THROW_ERROR(OutOfMemoryError, out_of_memory_message(index, failure));
+    return block;
+  }
+
   static void release(void* context) {
     auto* holding = static_cast<Holding*>(context);
     {
@@ -210,6 +224,10 @@ int cuda_device_of(const c10::Allocator* allocator) {
     if (candidate != nullptr && candidate == allocator) return candidate->device();
   }
   return -1;
+}
+
+c10::DataPtr count_without_data(int device, std::size_t bytes) {
+  return g_allocator != nullptr ? g_allocator->count_on(device, bytes) : c10::DataPtr();
 }
 
 std::optional<DeviceStats> device_stats(int device) {

@@ -60,6 +60,13 @@ c10::Allocator* cuda_device_allocator(int device);
 // The device `allocator` is cuda_device_allocator() of; -1 for any other allocator.
 int cuda_device_of(const c10::Allocator* allocator);
 
+// Memory of simulated GPU `device` that holds no data: a fake tensor's storage (shape-only
+// compute), counted by the device's model as an allocation of `bytes` is (rounding,
+// segments, peaks; CUDA's out-of-memory error past the capacity) and freed when the
+// returned DataPtr goes. Nothing is counted (an empty DataPtr) when the device has no
+// model.
+c10::DataPtr count_without_data(int device, std::size_t bytes);
+
 // A device's statistics: `device` -1 is the rank's own. std::nullopt when no counting
 // allocator is installed, or the device has none.
 std::optional<DeviceStats> device_stats(int device = -1);

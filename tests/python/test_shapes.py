@@ -1,7 +1,8 @@
 """Shape-only compute (sim_compute="shapes"): a rank's tensors carry shapes and no data,
-and its collectives move no bytes, yet each is counted, sized and timed as the real one.
-The law: a training step records exactly the collectives, bytes and predicted times in
-shapes that it records computing values, for DDP, FSDP2 and ZeRO on 2 and 8 ranks."""
+and its collectives move no bytes, yet each is counted, sized and timed as the real one,
+and each fake storage is its GPU's memory. The law: a training step records exactly the
+collectives, bytes and predicted times in shapes that it records computing values, for
+DDP, FSDP2 and ZeRO on 2 and 8 ranks; an FSDP2 step peaks where the real one does."""
 
 import pytest
 import torch
@@ -68,31 +69,81 @@ def test_a_shape_only_step_records_the_collectives_of_the_real_one_exactly(strat
     assert recorded("shapes", gpus, strategy) == values
 
 
+def three_huge_layers() -> list:
+    """Three 40000x40000 layers under FSDP2, one AdamW step: 19 GB of fp32 weights, 77 GB
+    with gradients and AdamW's state; each rank's shards' shapes."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("nccl")
+    model = torch.nn.Sequential(*[torch.nn.Linear(40_000, 40_000) for _ in range(3)]).cuda()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 40_000, device="cuda")).sum().backward()
+    optimizer.step()
+    return [tuple(p.to_local().shape) for p in model.parameters()]
+
+
 def test_a_model_far_larger_than_this_machine_steps_in_shapes():
-    """Three 40000x40000 layers: 19 GB of fp32 weights, 77 GB with gradients and AdamW's
-    state, on a machine of 24 GiB. FSDP2 reduce-scatters each gradient once a step."""
-
-    @distributed(gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")
-    def huge():
-        import torch.distributed as dist
-        from torch.distributed.fsdp import fully_shard
-
-        torch.cuda.set_device(sgpu.get_local_rank())
-        dist.init_process_group("nccl")
-        model = torch.nn.Sequential(*[torch.nn.Linear(40_000, 40_000) for _ in range(3)]).cuda()
-        for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters())
-        model(torch.randn(4, 40_000, device="cuda")).sum().backward()
-        optimizer.step()
-        return [tuple(p.to_local().shape) for p in model.parameters()]
-
-    call = huge.launch()
+    """On a machine of 24 GiB, and within two H100s. FSDP2 reduce-scatters each gradient
+    once a step."""
+    call = distributed(gpus=2, tracking=False, sim_compute="shapes",
+                       sim_node="2xH100")(three_huge_layers).launch()
     assert call.result()[0] == [(20_000, 40_000), (20_000,)] * 3  # each rank's shards
     world = call.comm_stats()[0]["world"]
     assert world["reduce_scatter_tensor"]["count"] == 3
     assert world["reduce_scatter_tensor"]["bytes"] == 3 * (40_000 * 40_000 + 40_000) * 4
+
+
+def fsdp2_peak(width: int) -> tuple:
+    """One FSDP2 step of a small MLP; what the step took of the rank's GPU at its peak."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("nccl")
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]).cuda()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        model(torch.randn(64, width, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def test_a_shape_only_step_takes_the_memory_the_real_one_takes():
+    """The simulated GPU counts a fake storage as CUDA's caching allocator would count its
+    bytes, so a step peaks in shapes where it peaks computing values."""
+    peaks = {compute: distributed(gpus=2, tracking=False, sim_compute=compute)(fsdp2_peak)
+             .distributed(1024) for compute in ("values", "shapes")}
+    for (allocated, reserved), (shape_allocated, shape_reserved) in zip(peaks["values"],
+                                                                        peaks["shapes"]):
+        assert allocated > 4 * 1024 * 1024 * 4  # the step's state is counted
+        assert abs(shape_allocated - allocated) <= 0.05 * allocated, peaks
+        assert abs(shape_reserved - reserved) <= 0.05 * reserved, peaks
+
+
+def test_a_step_past_the_gpus_memory_fails_as_cuda_does_naming_rank_and_operator():
+    too_big = distributed(gpus=2, tracking=False, sim_compute="shapes",
+                          sim_node="2xH100:20GiB")(three_huge_layers)
+
+    with pytest.raises(Exception) as caught:
+        too_big.distributed()
+    error = distributed_error(caught.value)
+    assert isinstance(error, sgpu.DistributedError)
+    root = error.root_cause
+    assert root.exception_type.endswith("OutOfMemoryError"), root
+    assert "CUDA out of memory. Tried to allocate" in root.message
+    assert "shape-only compute, at aten." in root.message
+    assert f"rank {root.rank}" in str(error)
 
 
 def test_a_value_asked_of_a_fake_tensor_fails_naming_the_operator():
