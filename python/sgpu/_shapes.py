@@ -24,6 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
             "cuda": torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)}
+_FUNCTIONAL = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"}
 _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
            torch.ops.aten.arange.start_step, torch.ops.aten.range.default}
 
@@ -77,6 +78,14 @@ class _ShapesMode(FakeTensorMode):
                     f"sgpu: {func} on {device} tensors: shape-only compute runs collectives "
                     "of cpu and cuda tensors")
             return func.redispatch(_KERNELS[device], *args, **kwargs)
+        if func.namespace in _FUNCTIONAL:
+            # Their fake kernels would answer with no collective at all: refused, never
+            # left uncounted.
+            raise NotImplementedError(
+                f"sgpu: {func} is a functional collective (torch.distributed."
+                "_functional_collectives, a DTensor's redistribution), which shape-only "
+                "compute does not run yet; run this step computing values "
+                '(sim_compute="values")')
         if _runs_for_real(func, args, kwargs):
             with _disable_current_modes():
                 return func(*args, **kwargs)

@@ -161,6 +161,24 @@ def test_a_value_asked_of_a_fake_tensor_fails_naming_the_operator():
     assert "aten._local_scalar_dense" in error.root_cause.message
 
 
+def test_a_functional_collective_is_refused_never_left_uncounted():
+    @distributed(gpus=2, tracking=False, sim_compute="shapes")
+    def functional():
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        return funcol.all_reduce(torch.randn(4, device="cuda"), "sum", dist.group.WORLD).shape
+
+    with pytest.raises(Exception) as caught:
+        functional.distributed()
+    root = distributed_error(caught.value).root_cause
+    assert root.exception_type == "NotImplementedError", root
+    assert "_c10d_functional.all_reduce" in root.message
+    assert "is a functional collective" in root.message
+
+
 def test_bookkeeping_stays_real_in_shapes():
     """A device mesh's rank map, integer tensors and what they gather hold their values."""
 
