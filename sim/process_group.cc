@@ -55,25 +55,15 @@ class MovingNoBytes final : public collectives::InterposingBackend {
   // Its future holds the tensors, as a transport's does: DDP's reducer reads them there.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    if (tensors.empty() || holds_data(tensors.front())) {
+    if (tensors.empty() || collectives::holds_data(tensors.front())) {
       return InterposingBackend::allreduce(tensors, opts);
     }
-    return done(c10::IValue(tensors));
+    return collectives::completed_work(c10::IValue(tensors));
   }
 
  protected:
   c10::intrusive_ptr<c10d::Work> around(const collectives::OpCall& call, Run run) override {
-    return call.data ? run() : done(c10::IValue());
-  }
-
- private:
-  static bool holds_data(const at::Tensor& t) {
-    return !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);
-  }
-  static c10::intrusive_ptr<c10d::Work> done(c10::IValue value) {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(value.type());
-    future->markCompleted(std::move(value));
-    return c10d::Work::create_from_future(future);
+    return call.data ? run() : collectives::completed_work(c10::IValue());
   }
 };
 

@@ -29,10 +29,6 @@ _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
            torch.ops.aten.arange.start_step, torch.ops.aten.range.default}
 
 
-def _is_fake(value) -> bool:
-    return isinstance(value, FakeTensor)
-
-
 def _runs_for_real(func, args, kwargs) -> bool:
     """Bookkeeping stays real: an operator on real tensors only (a device mesh's rank map,
     token ids, a batch the loader read, what DDP compares of its parameters' shapes), and
@@ -42,7 +38,7 @@ def _runs_for_real(func, args, kwargs) -> bool:
     leaves = pytree.tree_leaves((args, kwargs))
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     if tensors:
-        return not any(_is_fake(t) for t in tensors)
+        return not any(isinstance(t, FakeTensor) for t in tensors)
     dtype = kwargs.get("dtype")
     if dtype is not None:
         return not (dtype.is_floating_point or dtype.is_complex)

@@ -43,8 +43,7 @@ void add(OpCall& call, const at::Tensor& t, std::int64_t& numel) {
   if (call.dtype.empty() && t.defined()) {
     call.dtype = dtype_name(t.scalar_type());
     call.host = t.device().is_cpu();
-    // A fake tensor's storage is the meta device's, whatever device the tensor names.
-    call.data = !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);
+    call.data = holds_data(t);
   }
   if (t.defined()) numel += t.numel();
 }
@@ -90,6 +89,16 @@ OpCall barrier_call(const c10d::BarrierOptions& opts) {
 }
 
 }  // namespace
+
+bool holds_data(const at::Tensor& t) {
+  return !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);
+}
+
+c10::intrusive_ptr<c10d::Work> completed_work(c10::IValue value) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(value.type());
+  future->markCompleted(std::move(value));
+  return c10d::Work::create_from_future(future);
+}
 
 std::string reduce_op_name(const c10d::ReduceOp& op) {
   switch (op.op_) {
@@ -233,9 +242,7 @@ void InterposingBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool
   const OpCall call = barrier_call(opts);
   around(call, [&] {
     target(call).monitoredBarrier(opts, wait_all_ranks);
-    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
-    done->markCompleted(c10::IValue());
-    return c10d::Work::create_from_future(done);
+    return completed_work(c10::IValue());
   })->wait();
 }
 

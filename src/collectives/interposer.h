@@ -29,6 +29,13 @@ struct OpCall {
   bool data = true;  // its tensors hold data; false for fake tensors (shapes, no storage)
 };
 
+// Whether `t` holds data: false for a fake tensor (shape-only compute), whose storage is
+// the meta device's whatever device the tensor names.
+bool holds_data(const at::Tensor& t);
+
+// A Work done already, its future holding `value`.
+c10::intrusive_ptr<c10d::Work> completed_work(c10::IValue value);
+
 // "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum".
 std::string reduce_op_name(const c10d::ReduceOp& op);
 
