@@ -37,6 +37,9 @@ class CurrentDeviceAllocator final : public c10::Allocator {
   c10::DataPtr allocate(std::size_t n) override {
     return memory::cuda_device_allocator(current_device())->allocate(n);
   }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return memory::cuda_device_allocator(0)->raw_deleter();  // every device's is the same
+  }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }

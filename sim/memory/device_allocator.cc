@@ -31,11 +31,42 @@ struct Device {
   std::uint64_t node_capacity;  // before any memory fraction
 };
 
-// What an allocation's DataPtr carries to its release.
-struct Holding {
+// What an allocation carries to its release, in a header just before its data: the
+// DataPtr's context is its data, as libtorch's raw_allocate() requires of an allocator
+// (oneDNN's bfloat16 matmuls allocate their scratch so), and raw_deleter() releases any
+// allocation from its pointer alone. Allocations outside any device's count carry a null
+// device.
+struct Header {
   Device* device;
   CachingModel::Block* block;
-  void* data;
+};
+constexpr std::size_t kHeaderBytes = c10::gAlignment;  // the data stays as aligned as alloc_cpu's
+static_assert(sizeof(Header) <= kHeaderBytes);
+
+void release_with_header(void* data) {
+  if (data == nullptr) return;
+  void* base = static_cast<char*>(data) - kHeaderBytes;
+  const Header header = *static_cast<Header*>(base);
+  if (header.device != nullptr) {
+    std::lock_guard lock(header.device->mutex);
+    header.device->model.free(header.block);
+  }
+  c10::free_cpu(base);
+}
+
+// `n` bytes of host memory, counted as `block` of `device` (none: nullptr) until released.
+c10::DataPtr with_header(Device* device, CachingModel::Block* block, std::size_t n) {
+  if (n == 0) return {nullptr, nullptr, &release_with_header, c10::Device(c10::DeviceType::CPU)};
+  void* base = c10::alloc_cpu(n + kHeaderBytes);
+  *static_cast<Header*>(base) = Header{device, block};
+  void* data = static_cast<char*>(base) + kHeaderBytes;
+  return {data, data, &release_with_header, c10::Device(c10::DeviceType::CPU)};
+}
+
+// A block of a device's model with no memory behind it (count_without_data).
+struct Counted {
+  Device* device;
+  CachingModel::Block* block;
 };
 
 class DeviceAllocator final : public c10::Allocator {
@@ -59,33 +90,31 @@ class DeviceAllocator final : public c10::Allocator {
   c10::DataPtr allocate(std::size_t n) override {
     const int device = scoped_ ? t_device_scope : bound_;
     if (n == 0 || forked_ || device < 0 || (!scoped_ && contract::host_memory_depth() > 0)) {
-      return c10::GetDefaultCPUAllocator()->allocate(n);
+      return with_header(nullptr, nullptr, n);
     }
     return allocate_on(device, n);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_with_header; }
 
   c10::DataPtr allocate_on(int index, std::size_t n) {
     Device* device = find(index);
-    if (device == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
+    if (device == nullptr || n == 0) return with_header(nullptr, nullptr, n);
     CachingModel::Block* block = counted(device, index, n);
-    void* data = nullptr;
     try {
-      data = c10::alloc_cpu(n);
+      return with_header(device, block, n);
     } catch (...) {
       std::lock_guard lock(device->mutex);
       device->model.free(block);
       throw;
     }
-    auto* holding = new Holding{device, block, data};
-    return {data, holding, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   // A block of the device's model with no memory behind it (count_without_data).
   c10::DataPtr count_on(int index, std::size_t n) {
     Device* device = find(index);
     if (device == nullptr || n == 0) return {};
-    auto* holding = new Holding{device, counted(device, index, n), nullptr};
-    return {nullptr, holding, &release, c10::Device(c10::DeviceType::CPU)};
+    auto* counted_block = new Counted{device, counted(device, index, n)};
+    return {nullptr, counted_block, &release_count, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -128,14 +157,13 @@ class DeviceAllocator final : public c10::Allocator {
     return block;
   }
 
-  static void release(void* context) {
-    auto* holding = static_cast<Holding*>(context);
+  static void release_count(void* context) {
+    auto* counted_block = static_cast<Counted*>(context);
     {
-      std::lock_guard lock(holding->device->mutex);
-      holding->device->model.free(holding->block);
+      std::lock_guard lock(counted_block->device->mutex);
+      counted_block->device->model.free(counted_block->block);
     }
-    c10::free_cpu(holding->data);
-    delete holding;
+    delete counted_block;
   }
 
   const int bound_;
@@ -173,8 +201,9 @@ class CudaDeviceAllocator final : public c10::Allocator {
   c10::DataPtr allocate(std::size_t n) override {
     return (g_allocator != nullptr && g_allocator->scoped() && n > 0)
                ? g_allocator->allocate_on(device_, n)
-               : c10::GetDefaultCPUAllocator()->allocate(n);
+               : with_header(nullptr, nullptr, n);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_with_header; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }

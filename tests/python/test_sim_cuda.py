@@ -377,6 +377,31 @@ def test_any_sequence_of_operators_on_cuda_is_bit_identical_to_the_cpu():
     assert law.distributed(300) == [300]
 
 
+def test_half_precision_matmuls_on_cuda_are_the_cpus():
+    """oneDNN's bfloat16 and float16 matmuls allocate through libtorch's raw_allocate(),
+    which the simulated GPU's allocator serves as it serves tensors."""
+
+    @distributed(gpus=1, tracking=False)
+    def layers():
+        same = []
+        for dtype in (torch.bfloat16, torch.float16):
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                        torch.nn.Linear(256, 64)).to(dtype)
+            x = torch.randn(32, 64, dtype=dtype)
+            cpu = model(x)
+            cpu.float().sum().backward()
+            cpu_grad = model[0].weight.grad.clone()
+            model.zero_grad()
+            model.cuda()
+            cuda = model(x.cuda())
+            cuda.float().sum().backward()
+            same.append(torch.equal(cuda.cpu(), cpu) and
+                        torch.equal(model[0].weight.grad.cpu(), cpu_grad))
+        return same
+
+    assert layers.distributed() == [[True, True]]
+
+
 def test_seeds_memory_fractions_and_forked_children_behave_as_on_a_node():
     @distributed(gpus=1, sim_node="1xH100:64MiB", tracking=False)
     def node_rules():
