@@ -34,6 +34,7 @@
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
+#include "launcher/accounting.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
 #include "launcher/rank_main.h"
@@ -200,6 +201,24 @@ struct ResultBytes {
 };
 
 // A call in flight, as sgpu.Handle holds it.
+// A rank's compute estimate (sgpu/compute.h): {"platform", "count", "flops", "bytes",
+// "predicted_seconds", "ops": {op: {"count", "flops", "bytes", "predicted_seconds"}}}.
+py::dict compute_dict(const sgpu::ComputeStats& stats) {
+  auto totals = [](const sgpu::ComputeTotals& t, py::dict d) {
+    d["count"] = t.count;
+    d["flops"] = t.flops;
+    d["bytes"] = t.bytes;
+    d["predicted_seconds"] = t.predicted_seconds;
+    return d;
+  };
+  py::dict ops;
+  for (const auto& [op, t] : stats.ops) ops[py::str(op)] = totals(t, py::dict());
+  py::dict out = totals(stats.total(), py::dict());
+  out["platform"] = stats.platform;
+  out["ops"] = ops;
+  return out;
+}
+
 class PyCall {
  public:
   explicit PyCall(std::shared_ptr<detail::Call> call) : call_(std::move(call)) {}
@@ -254,6 +273,17 @@ class PyCall {
       }
       out.append(groups);
     }
+    return out;
+  }
+  // Each rank's compute estimate (compute_dict); waits as above.
+  py::list compute_stats() {
+    const std::vector<sgpu::ComputeStats>* ranks = nullptr;
+    {
+      py::gil_scoped_release release;
+      ranks = &call_->compute_stats();
+    }
+    py::list out;
+    for (const sgpu::ComputeStats& rank : *ranks) out.append(compute_dict(rank));
     return out;
   }
   void cancel() { call_->cancel(); }
@@ -551,6 +581,7 @@ PYBIND11_MODULE(_native, m) {
       .def("cancel", &PyCall::cancel)
       .def("memory_stats", &PyCall::memory_stats)
       .def("comm_stats", &PyCall::comm_stats)
+      .def("compute_stats", &PyCall::compute_stats)
       .def("results_taken", &PyCall::results_taken)
       .def("raise_bad_result", &PyCall::raise_bad_result)
       .def_property_readonly("run_dir", &PyCall::run_dir)
@@ -578,6 +609,9 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("read_call", &read_call);
   m.def("memory_stats", [] { return sgpu::memory_stats(); });
+  m.def("count_compute", &sgpu::launcher::count_compute, py::arg("op"), py::arg("dtype"),
+        py::arg("flops"), py::arg("bytes"));
+  m.def("compute_stats", [] { return compute_dict(sgpu::launcher::rank_compute_stats()); });
   m.def("reset_peak_memory_stats", [] { sgpu::reset_peak_memory_stats(); });
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
   m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });

@@ -23,6 +23,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from sgpu._decorator import DistributedFunction, Handle, distributed  # noqa: E402
 from sgpu._runtime import (  # noqa: E402
+    compute_stats,
     device,
     flush_tracking,
     get_global_rank,
@@ -84,6 +85,7 @@ __all__ = [
     "ResultTooLarge",
     "TimeoutError",
     "TrackingError",
+    "compute_stats",
     "device",
     "distributed",
     "flush_tracking",

@@ -328,6 +328,16 @@ class Handle:
             self._wait(timeout)
         return list(self._call.comm_stats())
 
+    def compute_stats(self, timeout: Optional[float] = None) -> list:
+        """Each rank's compute estimate in rank order, once the call is done, whether it
+        succeeded or failed: {"platform", "count", "flops", "bytes", "predicted_seconds",
+        "ops": {op: {...the same}}}, what the operators each rank ran on its GPU would take
+        on the platform's roofline, in shape-only compute (sim_compute="shapes"); an empty
+        "ops" for a rank computing values. Waits as result() does, without raising."""
+        if self._outcome is None:
+            self._wait(timeout)
+        return list(self._call.compute_stats())
+
     def _wait(self, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

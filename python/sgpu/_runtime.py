@@ -132,6 +132,19 @@ def memory_stats() -> dict:
     return dict(_native.memory_stats())
 
 
+def compute_stats() -> dict:
+    """This rank's compute estimate so far, in shape-only compute (sim_compute="shapes";
+    docs/simulation.md): {"platform", "count", "flops", "bytes", "predicted_seconds",
+    "ops": {op: {"count", "flops", "bytes", "predicted_seconds"}}}, what the operators it ran
+    on its GPU would take on the node. Take it before and after a step for that step's.
+    Empty outside a rank, and all zeros for a rank computing values."""
+    if not is_rank():
+        return {}
+    from sgpu import _native
+
+    return dict(_native.compute_stats())
+
+
 def reset_peak_memory_stats() -> None:
     """Every ".peak" figure of this rank starts again from its current value, as
     torch.cuda.reset_peak_memory_stats() does. Nothing outside a rank."""

@@ -12,6 +12,12 @@ and never reaches the process group; here each c10d operation goes to the kernel
 tensors' device instead, which calls the group's backend, where sgpu's recorder counts and
 times it from the tensors' shapes as it would a real one, and the transport beneath, in
 this mode, moves no bytes for fake tensors. The ranks do not wait for each other there.
+
+Each operator the function runs on its GPU is also timed (NOTE [The compute model] in
+src/model/platform.h): its FLOPs by torch's flop counter's formulas (matmuls,
+convolutions, attention), the bytes it reads and writes in the GPU's memory, and the
+roofline of the node's platform over both, added up per rank (`handle.compute_stats()`,
+`sgpu.compute_stats()` inside the rank).
 """
 
 import contextlib
@@ -20,6 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
 _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
@@ -27,6 +34,12 @@ _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
 _FUNCTIONAL = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"}
 _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
            torch.ops.aten.arange.start_step, torch.ops.aten.range.default}
+# Operators that take memory and run no kernel over it: not timed.
+_ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
+                torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided,
+                torch.ops.aten.lift_fresh, torch.ops.aten.set_, torch.ops.aten.resize_}
+_CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten._convolution,
+                 torch.ops.aten.cudnn_convolution, torch.ops.aten.convolution_backward}
 
 
 def _runs_for_real(func, args, kwargs) -> bool:
@@ -45,6 +58,31 @@ def _runs_for_real(func, args, kwargs) -> bool:
     return func in _RANGES and all(isinstance(a, (int, bool)) for a in args)
 
 
+def _moved_bytes(tensor: torch.Tensor) -> int:
+    """What a kernel reads or writes of `tensor`: its elements, a broadcast dimension
+    (stride 0) once."""
+    numel = 1
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        if stride != 0:
+            numel *= size
+    return numel * tensor.element_size()
+
+
+def _compute_dtype(func, outputs) -> str:
+    """The dtype whose peak times the operator: its first floating output's, float32 as
+    "tf32" where torch lets cuBLAS (matmuls) or cuDNN (convolutions) run it on tensor
+    cores."""
+    dtype = next((t.dtype for t in outputs if t.dtype.is_floating_point), torch.float32)
+    if dtype == torch.float32 and func._overloadpacket in flop_registry:
+        if func._overloadpacket in _CONVOLUTIONS:
+            tf32 = torch.backends.cudnn.allow_tf32
+        else:
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+        if tf32:
+            return "tf32"
+    return str(dtype).removeprefix("torch.")
+
+
 class _ShapesMode(FakeTensorMode):
     """torch's fake tensor mode, but: every c10d operation goes to its process group's
     backend, past the fake tensors' kernels; bookkeeping runs for real; and each new fake
@@ -57,6 +95,8 @@ class _ShapesMode(FakeTensorMode):
         from sgpu import _native
 
         self._count = _native.count_fake_storage
+        self._time = _native.count_compute
+        self._depth = 0  # the dispatches under way: only the outermost operator is timed
         # A fake storage on cuda -> [its device, what its bytes hold of the model (None
         # while resized to nothing)]; an entry goes, and its bytes with it, with the storage.
         self.held = WeakIdKeyDictionary()
@@ -85,7 +125,13 @@ class _ShapesMode(FakeTensorMode):
         if _runs_for_real(func, args, kwargs):
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self._depth += 1
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            self.timed(func, args, kwargs, out)
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, FakeTensor) and leaf.device.type == "cuda":
                 storage = leaf.untyped_storage()
@@ -93,6 +139,21 @@ class _ShapesMode(FakeTensorMode):
                     self.held[storage] = [leaf.device.index, None]
                     self.counted(storage, storage.nbytes(), func)
         return out
+
+    def timed(self, func, args, kwargs, out) -> None:
+        """One operator on a GPU into the rank's compute estimate: its FLOPs, the bytes it
+        reads and writes; a view or an allocation runs no kernel and is not timed."""
+        if func.is_view or func._overloadpacket in _ALLOCATIONS:
+            return
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not any(t.device.type == "cuda" for t in inputs + outputs):
+            return
+        formula = flop_registry.get(func._overloadpacket)
+        flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+        moved = sum(_moved_bytes(t) for t in inputs) + sum(_moved_bytes(t) for t in outputs)
+        self._time(str(func._overloadpacket), _compute_dtype(func, outputs), float(flops),
+                   float(moved))
 
     def counted(self, storage, size: int, where) -> None:
         """The storage's bytes now `size` in its device's model (CUDA's out-of-memory

@@ -146,8 +146,8 @@ class CompletionPoller {
   std::thread thread_;
 };
 
-// The rank's platform (SGPU_PLATFORM), loaded once; null when none is named. The caller
-// checked that it loads before any rank started.
+}  // namespace
+
 const model::Platform* rank_platform() {
   static const model::Platform* platform = []() -> const model::Platform* {
     const std::string name = contract::env_string(contract::kPlatformVar);
@@ -160,6 +160,8 @@ const model::Platform* rank_platform() {
   }();
   return platform;
 }
+
+namespace {
 
 class RecordingBackend final : public InterposingBackend {
  public:

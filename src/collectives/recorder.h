@@ -11,7 +11,15 @@
 #include "backend/process_group_factory.h"
 #include "contract/collective_ring.h"
 
+namespace sgpu::model {
+struct Platform;
+}
+
 namespace sgpu::collectives {
+
+// The platform the rank's figures are predicted on (SGPU_PLATFORM, loaded once; the
+// launcher checked that it loads before any rank started); nullptr for none.
+const model::Platform* rank_platform();
 
 // This rank's ring, created in its rank folder on first use; nullptr outside a rank, or
 // when recording is off.

@@ -42,6 +42,7 @@ struct RankFolder {
   std::filesystem::path abrupt_end() const { return dir / "abrupt-end"; }
   std::filesystem::path collective_ring() const { return dir / "collectives.ring"; }
   std::filesystem::path memory() const { return dir / "memory.json"; }
+  std::filesystem::path compute() const { return dir / "compute.json"; }
 
   static constexpr const char* kTrackingSpoolName = "tracking-spool.jsonl";
 };

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
+
+#include "collectives/recorder.h"
+#include "model/platform.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -21,7 +25,89 @@ std::string describe_bytes(std::int64_t bytes) {
   return text;
 }
 
+double predicted_comm_seconds(const CommStats& comm) {
+  double seconds = 0;
+  for (const auto& [op, t] : comm.by_op()) seconds += t.predicted_seconds;
+  return seconds;
+}
+
+struct ComputeAccount {
+  std::mutex mutex;
+  ComputeStats stats;
+};
+
+ComputeAccount& compute_account() {
+  static ComputeAccount* account = new ComputeAccount;  // lives to the rank's end
+  return *account;
+}
+
 }  // namespace
+
+void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes) {
+  const model::Platform* platform = collectives::rank_platform();
+  const bool timed = platform != nullptr && !platform->compute.empty();
+  const double seconds =
+      timed ? model::roofline_seconds(platform->compute, flops, bytes, dtype) : 0;
+  ComputeAccount& account = compute_account();
+  std::lock_guard lock(account.mutex);
+  if (timed) account.stats.platform = platform->name;
+  ComputeTotals& t = account.stats.ops[op];
+  t.count += 1;
+  t.flops += flops;
+  t.bytes += bytes;
+  t.predicted_seconds += seconds;
+}
+
+ComputeStats rank_compute_stats() {
+  ComputeAccount& account = compute_account();
+  std::lock_guard lock(account.mutex);
+  return account.stats;
+}
+
+std::string compute_summary(const std::vector<ComputeStats>& compute,
+                            const std::vector<CommStats>& comm, const std::string& whose) {
+  ComputeTotals most;
+  double most_with_comm = 0, most_comm = 0;
+  std::string platform;
+  bool any = false;
+  for (std::size_t r = 0; r < compute.size(); ++r) {
+    if (compute[r].ops.empty()) continue;
+    any = true;
+    if (platform.empty()) platform = compute[r].platform;
+    const ComputeTotals t = compute[r].total();
+    most.count = std::max(most.count, t.count);
+    most.flops = std::max(most.flops, t.flops);
+    most.bytes = std::max(most.bytes, t.bytes);
+    most.predicted_seconds = std::max(most.predicted_seconds, t.predicted_seconds);
+    const double collectives = r < comm.size() ? predicted_comm_seconds(comm[r]) : 0;
+    most_comm = std::max(most_comm, collectives);
+    most_with_comm = std::max(most_with_comm, t.predicted_seconds + collectives);
+  }
+  if (!any) return "";
+  char text[256];
+  std::snprintf(text, sizeof text, "sgpu: compute (the most of %s): %lld operators, %.2f TFLOP, %s",
+                whose.c_str(), static_cast<long long>(most.count), most.flops / 1e12,
+                describe_bytes(static_cast<std::int64_t>(most.bytes)).c_str());
+  std::string line = std::string(text) + " of memory traffic";
+  if (platform.empty()) return line + " (no platform to time them on)\n";
+  std::snprintf(text, sizeof text,
+                ", %.3f s on %s; with the collectives' %.3f s, %.3f s (no overlap)\n",
+                most.predicted_seconds, platform.c_str(), most_comm, most_with_comm);
+  return line + text;
+}
+
+std::map<std::string, double> compute_metrics(const ComputeStats& compute, const CommStats& comm) {
+  if (compute.ops.empty()) return {};
+  const ComputeTotals t = compute.total();
+  std::map<std::string, double> metrics = {{"sgpu.compute.count", static_cast<double>(t.count)},
+                                           {"sgpu.compute.flops", t.flops},
+                                           {"sgpu.compute.bytes", t.bytes}};
+  if (!compute.platform.empty()) {
+    metrics["sgpu.compute.predicted_seconds"] = t.predicted_seconds;
+    metrics["sgpu.predicted_seconds"] = t.predicted_seconds + predicted_comm_seconds(comm);
+  }
+  return metrics;
+}
 
 CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring) {
   CommStats stats;

@@ -10,6 +10,7 @@
 
 #include "contract/collective_ring.h"
 #include "sgpu/comm.h"
+#include "sgpu/compute.h"
 
 namespace sgpu::launcher {
 
@@ -26,5 +27,22 @@ std::string comm_summary(const std::vector<CommStats>& ranks,
 // sgpu.comm.<op>.count, .bytes, .seconds and (with a platform) .predicted_seconds, every
 // group added up.
 std::map<std::string, double> comm_metrics(const CommStats& stats);
+
+// In a rank: one operator on its GPU, timed on the rank's platform's roofline (NOTE [The
+// compute model]; counted untimed without one). Thread-safe.
+void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes);
+// What count_compute added up so far in this rank; empty when nothing was counted.
+ComputeStats rank_compute_stats();
+
+// "sgpu: compute (the most of any rank): 4210 operators, 96.31 TFLOP, 412.55 GiB of memory
+// traffic, 0.210 s on h100-nvswitch; with the collectives' 0.233 s, 0.443 s (no overlap)\n";
+// "" when no rank timed anything. `comm` is by rank, as `compute`.
+std::string compute_summary(const std::vector<ComputeStats>& compute,
+                            const std::vector<CommStats>& comm,
+                            const std::string& whose = "any rank");
+
+// sgpu.compute.count, .flops, .bytes, .predicted_seconds, and sgpu.predicted_seconds: the
+// compute's and the collectives' predicted times added up; empty when nothing was timed.
+std::map<std::string, double> compute_metrics(const ComputeStats& compute, const CommStats& comm);
 
 }  // namespace sgpu::launcher

@@ -45,6 +45,7 @@
 #include "launcher/stacks.h"
 #include "launcher/symbols.h"
 #include "rendezvous/store.h"
+#include "serialize/compute_record.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
@@ -279,6 +280,12 @@ class CallImpl final : public detail::Call {
     std::unique_lock lock(mutex_);
     finished_cv_.wait(lock, [this] { return finished_; });
     return comm_;
+  }
+
+  const std::vector<ComputeStats>& compute_stats() override {
+    std::unique_lock lock(mutex_);
+    finished_cv_.wait(lock, [this] { return finished_; });
+    return compute_;
   }
 
   bool wait_for(std::chrono::milliseconds limit) override {
@@ -1014,13 +1021,18 @@ class CallImpl final : public detail::Call {
     }
     std::vector<MemoryStats> memory;
     std::vector<CommStats> comm;
+    std::vector<ComputeStats> compute;
     for (const RankSlot& slot : slots_) {
       memory.push_back(serialize::read_memory_record(slot.folder.memory()).value_or(MemoryStats{}));
       comm.push_back(comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
+      compute.push_back(
+          serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
     if (kind_ != CallKind::kProgram && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
-      if (const std::string line = comm_summary(comm, whose); !line.empty()) {
+      for (const std::string& line :
+           {comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
+        if (line.empty()) continue;
         if (spec_.console) {
           spec_.console(STDERR_FILENO, line);
         } else {
@@ -1033,6 +1045,7 @@ class CallImpl final : public detail::Call {
       results_ = std::move(results);
       memory_ = std::move(memory);
       comm_ = std::move(comm);
+      compute_ = std::move(compute);
       error_ = error;
       finished_ = true;
     }
@@ -1074,6 +1087,7 @@ class CallImpl final : public detail::Call {
   std::vector<std::string> results_;
   std::vector<MemoryStats> memory_;
   std::vector<CommStats> comm_;
+  std::vector<ComputeStats> compute_;
   std::exception_ptr error_;
 };
 

@@ -33,6 +33,7 @@
 #include "launcher/log_stream.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
+#include "serialize/compute_record.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
@@ -151,9 +152,9 @@ void install_guards() {
 
 bool g_bound = false;  // the rank bound its device
 
-// The device's figures into rank-<N>/memory.json; its peaks and the rank's communication
-// totals (launcher/accounting.h) into the call's run, one point per rank: the step is the
-// rank.
+// The device's figures into rank-<N>/memory.json and its compute estimate into
+// compute.json; its peaks, the rank's communication totals and its compute estimate
+// (launcher/accounting.h) into the call's run, one point per rank: the step is the rank.
 void record_rank_figures() {
   if (!g_bound) return;
   // An NCCL entry ends when the poller sees its Work done: the rank's last collectives,
@@ -164,8 +165,12 @@ void record_rank_figures() {
     const contract::RankFolder folder{env.rank_dir};
     const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
     if (!stats.empty()) serialize::write_memory_record(folder.memory(), stats);
-    std::map<std::string, double> metrics =
-        comm_metrics(comm_stats_of(contract::read_collective_ring(folder.collective_ring())));
+    const CommStats comm = comm_stats_of(contract::read_collective_ring(folder.collective_ring()));
+    std::map<std::string, double> metrics = comm_metrics(comm);
+    if (const ComputeStats compute = rank_compute_stats(); !compute.ops.empty()) {
+      serialize::write_compute_record(folder.compute(), compute);
+      metrics.merge(compute_metrics(compute, comm));
+    }
     for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
       const auto peak = stats.find(std::string(name) + ".all.peak");
       if (peak != stats.end()) {

@@ -151,6 +151,41 @@ json algorithm_json(const Algorithm& a,
   return j;
 }
 
+Roofline parse_roofline(const json& j, const std::string& origin) {
+  if (!j.is_object()) bad(origin, "\"compute\" is not an object");
+  Roofline r;
+  const json peaks = j.value("peak_tflops", json::object());
+  if (!peaks.is_object() || peaks.empty())
+    bad(origin, "\"compute\" has no \"peak_tflops\" object of dtype: TFLOPS");
+  for (const auto& [dtype, value] : peaks.items()) {
+    const double tflops = number(peaks, dtype.c_str(), "compute.peak_tflops", origin);
+    if (tflops <= 0) bad(origin, "compute.peak_tflops: \"" + dtype + "\" is not above 0");
+    r.peak_tflops.emplace_back(dtype, tflops);
+  }
+  if (std::none_of(r.peak_tflops.begin(), r.peak_tflops.end(),
+                   [](const auto& p) { return p.first == "float32"; }))
+    bad(origin, "compute.peak_tflops has no \"float32\", the peak of a dtype not listed");
+  r.memory_bandwidth_gbps = number(j, "memory_bandwidth_gbps", "compute", origin);
+  if (r.memory_bandwidth_gbps <= 0) bad(origin, "compute: \"memory_bandwidth_gbps\" is 0");
+  if (j.contains("efficiency")) {
+    r.efficiency = number(j, "efficiency", "compute", origin);
+    if (r.efficiency <= 0 || r.efficiency > 1)
+      bad(origin, "compute: \"efficiency\" is " + j["efficiency"].dump() +
+                      ", not a fraction above 0 and at most 1");
+  }
+  for (const json& s : j.value("sources", json::array())) r.sources.push_back(s.get<std::string>());
+  return r;
+}
+
+json roofline_json(const Roofline& r) {
+  json peaks = json::object();
+  for (const auto& [dtype, tflops] : r.peak_tflops) peaks[dtype] = tflops;
+  return {{"peak_tflops", peaks},
+          {"memory_bandwidth_gbps", r.memory_bandwidth_gbps},
+          {"efficiency", r.efficiency},
+          {"sources", r.sources}};
+}
+
 std::filesystem::path file_for(std::string_view name) {
   for (const std::string& dir : platform_path()) {
     std::filesystem::path file = std::filesystem::path(dir) / (std::string(name) + ".json");
@@ -231,6 +266,24 @@ double bus_factor(Collective c, int ranks) {
     default:
       return 1.0;
   }
+}
+
+double Roofline::peak_for(std::string_view dtype) const {
+  double float32 = 0;
+  for (const auto& [name, tflops] : peak_tflops) {
+    if (name == dtype) return tflops;
+    if (name == "float32") float32 = tflops;
+  }
+  return float32;
+}
+
+double roofline_seconds(const Roofline& roofline, double flops, double bytes,
+                        std::string_view dtype) {
+  if (roofline.empty()) return 0;
+  const double peak = roofline.peak_for(dtype) * 1e12;
+  const double compute = flops > 0 && peak > 0 ? flops / peak : 0;
+  const double memory = bytes / (roofline.memory_bandwidth_gbps * 1e9);
+  return std::max(compute, memory) / roofline.efficiency;
 }
 
 const std::vector<Algorithm>& Platform::algorithms(Collective c) const {
@@ -330,6 +383,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
       pub.calibrated = f.value("calibrated", false);
       p.published.push_back(std::move(pub));
     }
+    if (j.contains("compute")) p.compute = parse_roofline(j["compute"], origin);
   } catch (const json::exception& e) {
     bad(origin, std::string("a field has the wrong type: ") + e.what());
   }
@@ -375,6 +429,7 @@ std::string platform_json(const Platform& p) {
     published.push_back(row);
   }
   j["published"] = published;
+  if (!p.compute.empty()) j["compute"] = roofline_json(p.compute);
   return j.dump(2) + "\n";
 }
 

@@ -29,6 +29,23 @@
 //                 busbw_gbps | time_us | [time_us_min, time_us_max], source, calibrated
 //                 (the figure the constants were set from, not an independent check)}
 //   sources       where the constants come from
+//   compute       the GPU's roofline (NOTE [The compute model]); a file without it
+//                 predicts collectives only
+//
+// NOTE [The compute model]
+// What an operator would take on one GPU of the platform, for a step run in shape-only
+// compute (docs/simulation.md): the roofline. An operator doing `flops` floating-point
+// operations in `dtype` and moving `bytes` to and from the GPU's memory takes
+//   time = max(flops / peak(dtype), bytes / memory bandwidth) / efficiency
+// with the datasheet's dense peak per dtype ("bfloat16", "float16", "float32" (CUDA cores),
+// "tf32" (float32 on tensor cores, when torch allows it), "float64", "float8"; a dtype not
+// listed is timed at float32's peak) and its memory bandwidth. `efficiency` (1 by default)
+// is the fraction of both peaks a step reaches: set from one real node's step time
+// (docs/simulation.md, "Calibrating the estimate"). It leaves out what a roofline cannot
+// see: kernel launch and framework time, each kernel's own efficiency (a small matmul
+// reaches far less than the peak), caches, and the overlap of compute with collectives.
+// The file's "compute" object:
+//   {peak_tflops: {dtype: TFLOPS, ...}, memory_bandwidth_gbps, efficiency, sources}
 #pragma once
 
 #include <cstdint>
@@ -86,6 +103,23 @@ struct Published {
   bool calibrated = false;  // the constants were set from it
 };
 
+// A GPU's roofline (NOTE [The compute model]).
+struct Roofline {
+  std::vector<std::pair<std::string, double>> peak_tflops;  // dtype -> dense peak, TFLOPS
+  double memory_bandwidth_gbps = 0;                         // 0: the platform has none
+  double efficiency = 1;                                    // (0, 1]
+  std::vector<std::string> sources;
+
+  bool empty() const { return memory_bandwidth_gbps <= 0; }
+  // The dtype's peak; float32's for a dtype not listed.
+  double peak_for(std::string_view dtype) const;
+};
+
+// One operator's time on the roofline: max(flops / peak, bytes / bandwidth) / efficiency;
+// 0 for an empty roofline.
+double roofline_seconds(const Roofline& roofline, double flops, double bytes,
+                        std::string_view dtype);
+
 struct Platform {
   std::string name;
   std::string description;
@@ -95,6 +129,7 @@ struct Platform {
   std::vector<Algorithm> default_algorithms;
   std::vector<Published> published;
   std::vector<std::string> sources;
+  Roofline compute;    // empty when the file has no "compute"
   std::string origin;  // the file it came from
 
   const std::vector<Algorithm>& algorithms(Collective c) const;

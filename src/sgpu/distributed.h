@@ -105,6 +105,9 @@ class Launch {
   // Each rank's collectives per process group and op (sgpu/comm.h), in rank order, after
   // the call finished, whether it succeeded or failed. Blocks until the call finished.
   const std::vector<CommStats>& comm_stats() { return call_->comm_stats(); }
+  // Each rank's compute estimate (sgpu/compute.h), in rank order, after the call finished:
+  // what its operators would take on the node, in shape-only compute; empty otherwise.
+  const std::vector<ComputeStats>& compute_stats() { return call_->compute_stats(); }
 
  private:
   std::shared_ptr<detail::Call> call_;

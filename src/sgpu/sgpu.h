@@ -7,6 +7,7 @@
 #pragma once
 
 #include "sgpu/comm.h"
+#include "sgpu/compute.h"
 #include "sgpu/distributed.h"
 #include "sgpu/errors.h"
 #include "sgpu/inventory.h"

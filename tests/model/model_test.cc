@@ -222,7 +222,71 @@ TEST(PlatformFile, TheJsonWrittenReadsBackTheSame) {
       for (std::int64_t bytes : {std::int64_t{8}, 3 * kMiB, std::int64_t{5} << 30})
         EXPECT_DOUBLE_EQ(predict(q, c, bytes, 8).seconds, predict(p, c, bytes, 8).seconds);
     }
+    EXPECT_EQ(q.compute.peak_tflops, p.compute.peak_tflops);
+    EXPECT_EQ(q.compute.memory_bandwidth_gbps, p.compute.memory_bandwidth_gbps);
+    EXPECT_EQ(q.compute.efficiency, p.compute.efficiency);
   }
+}
+
+// NOTE [The compute model]: the roofline of each shipped node, from its datasheet.
+TEST(Roofline, EveryNodeHasItsGpusDatasheet) {
+  for (const std::string& name : platform_names()) {
+    const Roofline& r = load_platform(name).compute;
+    EXPECT_FALSE(r.empty()) << name;
+    EXPECT_GT(r.peak_for("bfloat16"), r.peak_for("float32")) << name;
+  }
+  const Roofline h100 = load_platform("h100-nvswitch").compute;
+  EXPECT_DOUBLE_EQ(h100.peak_for("bfloat16"), 989.4);
+  EXPECT_DOUBLE_EQ(h100.memory_bandwidth_gbps, 3350);
+  EXPECT_DOUBLE_EQ(load_platform("h200-nvswitch").compute.memory_bandwidth_gbps, 4800);
+}
+
+TEST(Roofline, AnOperatorTakesTheLongerOfItsMathAndItsMemoryTraffic) {
+  const Roofline h100 = load_platform("h100-nvswitch").compute;
+  // A 4096^3 bfloat16 matmul: 137 GFLOP over 100 MB: bound by the tensor cores.
+  const double flops = 2.0 * 4096 * 4096 * 4096, bytes = 3.0 * 4096 * 4096 * 2;
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "bfloat16"), flops / 989.4e12);
+  // An elementwise add of 1 GB: bound by the memory.
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, 0, 1e9, "bfloat16"), 1e9 / 3350e9);
+  // float32 on CUDA cores is 15 times slower than bfloat16; a dtype not listed is float32.
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "float32"), flops / 66.9e12);
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "complex64"), flops / 66.9e12);
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "tf32"), flops / 494.7e12);
+  // A calibrated efficiency stretches both sides alike.
+  Roofline calibrated = h100;
+  calibrated.efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(roofline_seconds(calibrated, flops, bytes, "bfloat16"), 2 * flops / 989.4e12);
+  EXPECT_EQ(roofline_seconds(Roofline{}, flops, bytes, "bfloat16"), 0);
+}
+
+RC_GTEST_PROP(Roofline, MoreWorkNeverTakesLess, ()) {
+  const Roofline& r = any_platform(*rc::gen::inRange(0, 4)).compute;
+  const double flops = *rc::gen::inRange(0, 1 << 30) * 1e3, bytes = *rc::gen::inRange(0, 1 << 30);
+  const double more_flops = flops + *rc::gen::inRange(0, 1 << 30) * 1e3;
+  const double more_bytes = bytes + *rc::gen::inRange(0, 1 << 30);
+  const double t = roofline_seconds(r, flops, bytes, "bfloat16");
+  RC_ASSERT(roofline_seconds(r, more_flops, more_bytes, "bfloat16") >= t);
+  // Never faster than either roof alone.
+  RC_ASSERT(t >= flops / (r.peak_for("bfloat16") * 1e12) * 0.999999);
+  RC_ASSERT(t >= bytes / (r.memory_bandwidth_gbps * 1e9) * 0.999999);
+}
+
+TEST(PlatformFile, SaysWhatIsWrongWithItsRoofline) {
+  const std::string ops =
+      R"("ops": {"default": [{"name": "a", "base_latency_us": 8, "bus_bandwidth_gbps": 1}]})";
+  auto with = [&](const std::string& compute) {
+    return error_of(R"({"name": "x", )" + ops + R"(, "compute": )" + compute + "}");
+  };
+  EXPECT_NE(with(R"({"memory_bandwidth_gbps": 1})").find("no \"peak_tflops\""), std::string::npos);
+  EXPECT_NE(with(R"({"peak_tflops": {"bfloat16": 1}, "memory_bandwidth_gbps": 1})")
+                .find("no \"float32\""),
+            std::string::npos);
+  EXPECT_NE(with(R"({"peak_tflops": {"float32": 1}})").find("no \"memory_bandwidth_gbps\""),
+            std::string::npos);
+  EXPECT_NE(with(R"({"peak_tflops": {"float32": 1}, "memory_bandwidth_gbps": 1, "efficiency": 2})")
+                .find("\"efficiency\" is 2"),
+            std::string::npos);
+  EXPECT_EQ(with(R"({"peak_tflops": {"float32": 1}, "memory_bandwidth_gbps": 1})"), "(accepted)");
 }
 
 TEST(PlatformPath, FoldersInTheVariableComeFirstAndUnknownNamesListTheKnown) {

@@ -197,3 +197,71 @@ def test_bookkeeping_stays_real_in_shapes():
         return mesh.mesh.tolist(), [t.item() for t in every], type(weights).__name__
 
     assert counts.distributed() == [([0, 1], [10, 11], "FakeTensor")] * 2
+
+
+def matmuls(tf32: bool) -> tuple:
+    """One bfloat16 and one float32 matmul on the rank's GPU, each timed alone."""
+    torch.cuda.set_device(sgpu.get_local_rank())
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    before = sgpu.compute_stats()
+    a @ b  # aten.mm
+    after_bf16 = sgpu.compute_stats()
+    a.float() @ b.float()  # two conversions and an mm
+    after_fp32 = sgpu.compute_stats()
+    return [(stats["ops"].get("aten.mm", {}).get("count", 0),
+             stats["ops"].get("aten.mm", {}).get("predicted_seconds", 0.0))
+            for stats in (before, after_bf16, after_fp32)]
+
+
+def test_each_operator_on_the_gpu_is_timed_on_the_nodes_roofline():
+    """NOTE [The compute model]: an mm of 256x512 by 512x1024 is 2*256*512*1024 FLOPs over
+    its inputs and output; in bfloat16 the H100 datasheet's 989.4 TFLOPS time it (it is
+    bound by its math), in float32 the CUDA cores' 66.9, or the tensor cores' 494.7 where
+    torch allows TF32. Per step figures are differences of sgpu.compute_stats()."""
+    flops = 2 * 256 * 512 * 1024
+    elements = 256 * 512 + 512 * 1024 + 256 * 1024
+    bf16 = max(flops / 989.4e12, elements * 2 / 3350e9)
+    for tf32, peak in ((False, 66.9e12), (True, 494.7e12)):
+        (n0, t0), (n1, t1), (n2, t2) = distributed(
+            gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")(matmuls) \
+            .distributed(tf32)[1]
+        assert (n0, n1, n2) == (0, 1, 2)
+        assert t0 == 0
+        assert t1 == pytest.approx(bf16, rel=1e-9)
+        assert t2 - t1 == pytest.approx(max(flops / peak, elements * 4 / 3350e9), rel=1e-9)
+
+
+def attention_block() -> float:
+    """A bfloat16 attention layer's forward and backward, its parameters' gradients summed."""
+    torch.cuda.set_device(sgpu.get_local_rank())
+    layer = torch.nn.MultiheadAttention(256, 4, batch_first=True, device="cuda",
+                                        dtype=torch.bfloat16)
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    layer(x, x, x, need_weights=False)[0].sum().backward()
+    return 0.0
+
+
+def test_a_calls_estimate_is_each_ranks_sum_and_shows_in_its_summary(capfd):
+    call = distributed(gpus=2, tracking=False, sim_compute="shapes",
+                       sim_node="2xH100")(attention_block).launch()
+    call.result()
+    stats = call.compute_stats()
+    assert [rank["platform"] for rank in stats] == ["h100-nvswitch"] * 2
+    for rank in stats:
+        assert rank["flops"] > 4 * 2 * 128 * 256 * 256  # the four projections, at least
+        assert rank["predicted_seconds"] == pytest.approx(
+            sum(op["predicted_seconds"] for op in rank["ops"].values()), rel=1e-12)
+        assert rank["count"] == sum(op["count"] for op in rank["ops"].values())
+        assert "aten.addmm" in rank["ops"] or "aten.mm" in rank["ops"]
+    assert stats[0]["ops"] == stats[1]["ops"]  # the same work on each rank
+    err = capfd.readouterr().err
+    assert "sgpu: compute (the most of any rank): " in err
+    assert "on h100-nvswitch" in err
+
+
+def test_a_rank_computing_values_times_nothing():
+    call = distributed(gpus=2, tracking=False, sim_node="2xH100")(attention_block).launch()
+    call.result()
+    assert [rank["ops"] for rank in call.compute_stats()] == [{}, {}]

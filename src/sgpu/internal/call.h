@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sgpu/comm.h"
+#include "sgpu/compute.h"
 #include "sgpu/internal/call_record.h"
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
@@ -50,6 +51,9 @@ class Call {
   // The same for each rank's collectives (sgpu/comm.h); empty for a rank that recorded
   // none (Options::recorder_entries = 0 records none).
   virtual const std::vector<CommStats>& comm_stats() = 0;
+  // The same for each rank's compute estimate (sgpu/compute.h); empty for a rank that
+  // timed nothing (it computed values).
+  virtual const std::vector<ComputeStats>& compute_stats() = 0;
   // The caller decoded every result: the run folder is removed unless kept.
   virtual void results_taken() = 0;
   // Raises the DistributedError for a result that did not decode on the caller's side

@@ -1,0 +1,44 @@
+#include "serialize/compute_record.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "contract/atomic_file.h"
+
+namespace sgpu::serialize {
+
+void write_compute_record(const std::filesystem::path& path, const ComputeStats& stats) {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [op, t] : stats.ops) {
+    ops[op] = {{"count", t.count},
+               {"flops", t.flops},
+               {"bytes", t.bytes},
+               {"predicted_seconds", t.predicted_seconds}};
+  }
+  const nlohmann::json record = {{"platform", stats.platform}, {"ops", ops}};
+  contract::write_file_atomically(path, record.dump(1) + "\n");
+}
+
+std::optional<ComputeStats> read_compute_record(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json json =
+      nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("ops") || !json["ops"].is_object()) return std::nullopt;
+  ComputeStats stats;
+  try {
+    stats.platform = json.value("platform", "");
+    for (const auto& [op, t] : json["ops"].items()) {
+      stats.ops[op] = {t.at("count").get<std::int64_t>(), t.at("flops").get<double>(),
+                       t.at("bytes").get<double>(), t.at("predicted_seconds").get<double>()};
+    }
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  return stats;
+}
+
+}  // namespace sgpu::serialize

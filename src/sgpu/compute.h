@@ -1,0 +1,45 @@
+// What a call's compute would take on the node it pretends to be, per rank: in shape-only
+// compute (Options::sim_compute "shapes") each operator a rank runs on its GPU is timed
+// by the platform's roofline from its FLOPs and the bytes it moves (NOTE [The compute
+// model] in model/platform.h), beside the collective model's times (sgpu/comm.h).
+//
+//   const sgpu::ComputeStats& rank0 = launch.compute_stats().at(0);
+//   rank0.total().predicted_seconds;       // on rank0.platform
+//   rank0.ops.at("aten.mm").flops;
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace sgpu {
+
+struct ComputeTotals {
+  std::int64_t count = 0;  // operators timed
+  double flops = 0;        // floating-point operations (torch's flop counter's formulas)
+  double bytes = 0;        // read and written in the GPU's memory
+  double predicted_seconds = 0;
+
+  bool operator==(const ComputeTotals&) const = default;
+};
+
+// One rank's operators in one call.
+struct ComputeStats {
+  // The node the times are predicted for ("h100-nvswitch"); "" when nothing was timed.
+  std::string platform;
+  // Operator ("aten.mm", "aten._scaled_dot_product_flash_attention", ...) to totals.
+  std::map<std::string, ComputeTotals> ops;
+
+  ComputeTotals total() const {
+    ComputeTotals sum;
+    for (const auto& [op, t] : ops) {
+      sum.count += t.count;
+      sum.flops += t.flops;
+      sum.bytes += t.bytes;
+      sum.predicted_seconds += t.predicted_seconds;
+    }
+    return sum;
+  }
+};
+
+}  // namespace sgpu

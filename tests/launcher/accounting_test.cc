@@ -1,0 +1,93 @@
+// A rank's compute estimate (launcher/accounting.h, NOTE [The compute model]): what the
+// rank counts, the record it leaves, the caller's summary line and the run's metrics, with
+// no process involved. The ctest runs it with SGPU_PLATFORM=h100-nvswitch, as a rank of a
+// simulated H100 node has it.
+#include "launcher/accounting.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/platform.h"
+#include "serialize/compute_record.h"
+#include "testing/temp_dir.h"
+
+namespace sgpu::launcher {
+namespace {
+
+ComputeStats two_ops(double scale) {
+  ComputeStats s;
+  s.platform = "h100-nvswitch";
+  s.ops["aten.mm"] = {3, 6e12 * scale, 3e9 * scale, 0.006 * scale};
+  s.ops["aten.add"] = {5, 0, 2 * double(1 << 30) * scale, 0.001 * scale};
+  return s;
+}
+
+CommStats comm_of(double predicted) {
+  CommStats c;
+  c.platform = "h100-nvswitch";
+  c.groups["world"]["all_reduce"] = {2, 1024, 0.5, predicted};
+  return c;
+}
+
+TEST(ComputeAccount, EachOperatorIsTimedOnTheRanksRoofline) {
+  const model::Roofline h100 = model::load_platform("h100-nvswitch").compute;
+  count_compute("aten.mm", "bfloat16", 2e12, 1e8);
+  count_compute("aten.mm", "float32", 2e12, 1e8);
+  count_compute("aten.add", "bfloat16", 0, 3e9);
+  const ComputeStats stats = rank_compute_stats();
+  EXPECT_EQ(stats.platform, "h100-nvswitch");
+  const ComputeTotals mm = stats.ops.at("aten.mm");
+  EXPECT_EQ(mm.count, 2);
+  EXPECT_DOUBLE_EQ(mm.flops, 4e12);
+  EXPECT_DOUBLE_EQ(mm.bytes, 2e8);
+  EXPECT_DOUBLE_EQ(mm.predicted_seconds, model::roofline_seconds(h100, 2e12, 1e8, "bfloat16") +
+                                             model::roofline_seconds(h100, 2e12, 1e8, "float32"));
+  EXPECT_DOUBLE_EQ(stats.ops.at("aten.add").predicted_seconds, 3e9 / 3350e9);
+  EXPECT_EQ(stats.total().count, 3);
+}
+
+TEST(ComputeRecord, ReadsBackWhatWasWrittenAndRefusesWhatIsNot) {
+  const auto dir = sgpu::testing::make_temp_dir("compute-record");
+  const auto file = dir / "compute.json";
+  serialize::write_compute_record(file, two_ops(1));
+  const auto back = serialize::read_compute_record(file);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->platform, "h100-nvswitch");
+  EXPECT_EQ(back->ops, two_ops(1).ops);
+  std::ofstream(file) << R"({"platform": "x", "ops": {"aten.mm": {"count": "three"}}})";
+  EXPECT_FALSE(serialize::read_compute_record(file).has_value());
+  EXPECT_FALSE(serialize::read_compute_record(dir / "missing.json").has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsCollectives) {
+  // Rank 1 computes the longest (0.014 s), rank 0 communicates the longest (0.25 s); the
+  // step is the slowest rank's compute and collectives: rank 0's 0.007 + 0.25 s.
+  const std::string line =
+      compute_summary({two_ops(1), two_ops(2)}, {comm_of(0.25), comm_of(0.125)});
+  EXPECT_EQ(line,
+            "sgpu: compute (the most of any rank): 8 operators, 12.00 TFLOP, 9.59 GiB of memory "
+            "traffic, 0.014 s on h100-nvswitch; with the collectives' 0.250 s, 0.257 s (no "
+            "overlap)\n");
+  EXPECT_EQ(compute_summary({ComputeStats{}, ComputeStats{}}, {}), "");
+  ComputeStats untimed = two_ops(1);
+  untimed.platform.clear();
+  EXPECT_NE(compute_summary({untimed}, {}).find("(no platform to time them on)"),
+            std::string::npos);
+}
+
+TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
+  const auto metrics = compute_metrics(two_ops(1), comm_of(0.25));
+  EXPECT_EQ(metrics.at("sgpu.compute.count"), 8);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.flops"), 6e12);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.predicted_seconds"), 0.007);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.predicted_seconds"), 0.257);
+  EXPECT_TRUE(compute_metrics(ComputeStats{}, comm_of(0.25)).empty());
+}
+
+}  // namespace
+}  // namespace sgpu::launcher
