@@ -12,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "sim/cuda/generator.h"
 #include "sim/cuda/parts.h"
 #include "sim/memory/device_allocator.h"
 
@@ -84,7 +85,7 @@ static_assert(sizeof(SimHooks) == sizeof(at::CUDAHooksInterface),
 
 void install_hooks(int count) {
   for (int i = 0; i < count; ++i) {
-    generators().push_back(at::make_generator<at::CPUGeneratorImpl>(kDefaultSeed));
+    generators().push_back(at::make_generator<DeviceGenerator>(kDefaultSeed));
   }
   auto* live = const_cast<at::CUDAHooksInterface*>(&at::detail::getCUDAHooks());
   // The object torch keeps is at::cuda::detail::CUDAHooks, which adds no member to the

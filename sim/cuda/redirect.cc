@@ -31,6 +31,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "sim/cuda/generator.h"
 #include "sim/cuda/parts.h"
 #include "sim/memory/device_allocator.h"
 
@@ -97,15 +98,16 @@ bool draws_without_a_generator(const c10::OperatorName& name) {
 
 // While alive, the CPU's default generator draws the numbers of simulated GPU `device`'s
 // generator: what a random operator on cuda:N draws, the operators its CPU kernel calls
-// included, comes from cuda:N's generator (seeded by torch.cuda.manual_seed, read by
-// torch.cuda.get_rng_state), and the CPU's own sequence is left where it was.
+// included, comes from cuda:N's generator at its offset (seeded by torch.cuda.manual_seed,
+// read by torch.cuda.get_rng_state; NOTE [A simulated GPU's generator]), which then moves
+// on, and the CPU's own sequence is left where it was.
 class DeviceDraws {
  public:
   explicit DeviceDraws(c10::Device device)
       : serial_(mutex()),
         cpu_(at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator())),
-        device_(at::check_generator<at::CPUGeneratorImpl>(
-            at::globalContext().defaultGenerator(device))) {
+        device_(
+            at::check_generator<DeviceGenerator>(at::globalContext().defaultGenerator(device))) {
     State drawn;
     {
       std::lock_guard lock(device_->mutex_);
@@ -116,14 +118,12 @@ class DeviceDraws {
     put(cpu_, drawn);
   }
   ~DeviceDraws() {
-    State drawn;
     {
       std::lock_guard lock(cpu_->mutex_);
-      drawn = take(cpu_);
       put(cpu_, saved_);
     }
     std::lock_guard lock(device_->mutex_);
-    put(device_, drawn);
+    device_->advance();
   }
   DeviceDraws(const DeviceDraws&) = delete;
   DeviceDraws& operator=(const DeviceDraws&) = delete;
@@ -149,7 +149,7 @@ class DeviceDraws {
 
   std::lock_guard<std::mutex> serial_;
   at::CPUGeneratorImpl* cpu_;
-  at::CPUGeneratorImpl* device_;
+  DeviceGenerator* device_;
   State saved_;
 };
 

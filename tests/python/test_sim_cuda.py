@@ -402,6 +402,49 @@ def test_half_precision_matmuls_on_cuda_are_the_cpus():
     assert layers.distributed() == [[True, True]]
 
 
+def test_the_generator_is_cudas_seed_and_offset_and_dtensors_draw_per_shard():
+    """NOTE [A simulated GPU's generator]: torch.cuda's RNG state is Philox's 16 bytes, a
+    seed and an offset that each random operator moves on, and that DTensor sets to draw
+    each shard (torchtitan initialises a sharded model so)."""
+
+    @distributed(gpus=2, tracking=False)
+    def draws():
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        generator = torch.cuda.default_generators[sgpu.get_local_rank()]
+        torch.cuda.manual_seed(3)
+        state = torch.cuda.get_rng_state()
+        offset = generator.get_offset()
+        torch.randn(5, device="cuda")
+        moved = generator.get_offset() - offset
+        try:
+            torch.cuda.set_rng_state(torch.get_rng_state())  # a CPU generator's state
+            refused = ""
+        except RuntimeError as error:
+            refused = str(error)
+        mesh = init_device_mesh("cuda", (2,))
+        shards = []
+        for _ in range(2):
+            torch.manual_seed(11)
+            weight = distribute_tensor(torch.zeros(8, 4, device="cuda"), mesh, [Shard(0)])
+            torch.nn.init.normal_(weight)
+            shards.append(weight.to_local().cpu())
+        every = [torch.zeros(4, 4) for _ in range(2)]
+        dist.all_gather_object(every, shards[0])
+        return (state.numel(), state.dtype == torch.uint8, moved, refused,
+                torch.equal(shards[0], shards[1]), torch.equal(every[0], every[1]))
+
+    for size, is_bytes, moved, refused, reproducible, same_on_both in draws.distributed():
+        assert (size, is_bytes) == (16, True)
+        assert moved > 0
+        assert "RNG state is wrong size" in refused
+        assert reproducible and not same_on_both  # each shard its own stream, seeded alike
+
+
 def test_seeds_memory_fractions_and_forked_children_behave_as_on_a_node():
     @distributed(gpus=1, sim_node="1xH100:64MiB", tracking=False)
     def node_rules():
