@@ -34,10 +34,13 @@ _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
 _FUNCTIONAL = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"}
 _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
            torch.ops.aten.arange.start_step, torch.ops.aten.range.default}
-# Operators that take memory and run no kernel over it: not timed.
-_ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
-                torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided,
-                torch.ops.aten.lift_fresh, torch.ops.aten.set_, torch.ops.aten.resize_}
+# Operators that run no kernel over their tensors' memory: allocations, and aliases that
+# torch does not mark as views. Not timed.
+_NO_KERNEL = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
+              torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided,
+              torch.ops.aten.lift_fresh, torch.ops.aten.set_, torch.ops.aten.resize_,
+              torch.ops.aten._unsafe_view, torch.ops.aten._reshape_alias,
+              torch.ops.aten.alias, torch.ops.aten.detach}
 _CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten._convolution,
                  torch.ops.aten.cudnn_convolution, torch.ops.aten.convolution_backward}
 
@@ -81,6 +84,58 @@ def _compute_dtype(func, outputs) -> str:
         if tf32:
             return "tf32"
     return str(dtype).removeprefix("torch.")
+
+
+def _attention_on_gpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                      scale=None, enable_gqa=False):
+    """scaled_dot_product_attention as torch runs it on a GPU of compute capability 8.0 or
+    later (every simulated type): flash attention for float16 and bfloat16, memory-
+    efficient attention for float32, each where its constraints hold (no mask, the same
+    heads in query, key and value, head sizes in eights, up to 256 for flash), and the
+    torch.backends.cuda switches (torch.nn.attention.sdpa_kernel) allow it. None where
+    torch would take the math path, or where the fused one needs what this does not model
+    (a mask, grouped-query heads): the math path then runs, as torch's own choice on fake
+    tensors always does, which materialises every attention matrix: a GPU's step would
+    take less memory and time."""
+    if not (isinstance(query, FakeTensor) and query.device.type == "cuda"):
+        return None
+    cuda = torch.backends.cuda
+    head = query.shape[-1]
+    if (attn_mask is not None or not query.dim() == key.dim() == value.dim() == 4
+            or key.shape[-1] != head or value.shape[-1] != head or head % 8 != 0
+            or not query.shape[1] == key.shape[1] == value.shape[1]):
+        return None
+    aten = torch.ops.aten
+    if query.dtype in (torch.float16, torch.bfloat16) and head <= 256 and cuda.flash_sdp_enabled():
+        return aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    if query.dtype == torch.float32 and cuda.mem_efficient_sdp_enabled():
+        grad = query.requires_grad or key.requires_grad or value.requires_grad
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, grad, dropout_p, is_causal, scale=scale)[0]
+    return None
+
+
+@contextlib.contextmanager
+def _attention_as_on_gpu():
+    """scaled_dot_product_attention picks its kernel in C++ from the device type, before
+    any operator reaches a dispatch mode: it is picked as on the GPU (_attention_on_gpu)
+    instead. Not through a torch function mode: the autograd engine runs a cuda device's
+    backward in a thread of its own, where an activation-checkpointed block recomputes its
+    forward, and modes are the thread's own."""
+    sdpa = torch._C._nn.scaled_dot_product_attention
+
+    def as_on_gpu(*args, **kwargs):
+        fused = _attention_on_gpu(*args, **kwargs)
+        return sdpa(*args, **kwargs) if fused is None else fused
+
+    torch._C._nn.scaled_dot_product_attention = as_on_gpu
+    torch.nn.functional.scaled_dot_product_attention = as_on_gpu
+    try:
+        yield
+    finally:
+        torch._C._nn.scaled_dot_product_attention = sdpa
+        torch.nn.functional.scaled_dot_product_attention = sdpa
 
 
 class _ShapesMode(FakeTensorMode):
@@ -142,11 +197,14 @@ class _ShapesMode(FakeTensorMode):
 
     def timed(self, func, args, kwargs, out) -> None:
         """One operator on a GPU into the rank's compute estimate: its FLOPs, the bytes it
-        reads and writes; a view or an allocation runs no kernel and is not timed."""
-        if func.is_view or func._overloadpacket in _ALLOCATIONS:
+        reads and writes. A view, an allocation and a question of a tensor's metadata
+        (prim.device, an operator that returns no tensor) run no kernel: not timed."""
+        if func.is_view or func._overloadpacket in _NO_KERNEL:
+            return
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outputs:
             return
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not any(t.device.type == "cuda" for t in inputs + outputs):
             return
         formula = flop_registry.get(func._overloadpacket)
@@ -214,5 +272,5 @@ def shapes_only():
     the fake storages on cuda devices are their devices' memory. Tensors made before (the
     function's arguments) may be used as they are."""
     mode = _ShapesMode()
-    with _swappable(mode), _resizes_counted(mode), mode:
+    with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), mode:
         yield

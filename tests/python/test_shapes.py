@@ -210,9 +210,11 @@ def matmuls(tf32: bool) -> tuple:
     after_bf16 = sgpu.compute_stats()
     a.float() @ b.float()  # two conversions and an mm
     after_fp32 = sgpu.compute_stats()
+    a.view(512, 256).t().unsqueeze(0).detach().squeeze(0)  # views: no kernel
+    after_views = sgpu.compute_stats()
     return [(stats["ops"].get("aten.mm", {}).get("count", 0),
-             stats["ops"].get("aten.mm", {}).get("predicted_seconds", 0.0))
-            for stats in (before, after_bf16, after_fp32)]
+             stats["ops"].get("aten.mm", {}).get("predicted_seconds", 0.0), stats["count"])
+            for stats in (before, after_bf16, after_fp32, after_views)]
 
 
 def test_each_operator_on_the_gpu_is_timed_on_the_nodes_roofline():
@@ -224,10 +226,12 @@ def test_each_operator_on_the_gpu_is_timed_on_the_nodes_roofline():
     elements = 256 * 512 + 512 * 1024 + 256 * 1024
     bf16 = max(flops / 989.4e12, elements * 2 / 3350e9)
     for tf32, peak in ((False, 66.9e12), (True, 494.7e12)):
-        (n0, t0), (n1, t1), (n2, t2) = distributed(
+        (n0, t0, c0), (n1, t1, c1), (n2, t2, c2), (_, _, c3) = distributed(
             gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")(matmuls) \
             .distributed(tf32)[1]
         assert (n0, n1, n2) == (0, 1, 2)
+        # Nothing else is a kernel: not the views matmul makes, nor questions of metadata.
+        assert (c1 - c0, c2 - c1, c3 - c2) == (1, 3, 0)
         assert t0 == 0
         assert t1 == pytest.approx(bf16, rel=1e-9)
         assert t2 - t1 == pytest.approx(max(flops / peak, elements * 4 / 3350e9), rel=1e-9)
@@ -265,3 +269,42 @@ def test_a_rank_computing_values_times_nothing():
     call = distributed(gpus=2, tracking=False, sim_node="2xH100")(attention_block).launch()
     call.result()
     assert [rank["ops"] for rank in call.compute_stats()] == [{}, {}]
+
+
+def attention(math_only: bool, checkpointed: bool = False) -> tuple:
+    """Causal attention over 32 heads of 2048 tokens, forward and backward, in bfloat16
+    (recomputed in backward when checkpointed): the peak allocated memory and the
+    operators run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    q = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.cuda.reset_peak_memory_stats()
+    backends = [SDPBackend.MATH] if math_only else [SDPBackend.FLASH_ATTENTION,
+                                                    SDPBackend.EFFICIENT_ATTENTION,
+                                                    SDPBackend.MATH]
+    def layer(q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    with sdpa_kernel(backends):
+        out = checkpoint(layer, q, use_reentrant=False) if checkpointed else layer(q)
+        out.sum().backward()
+    return torch.cuda.max_memory_allocated(), sorted(sgpu.compute_stats()["ops"])
+
+
+def test_attention_runs_the_fused_kernel_a_gpu_runs():
+    """On an H100 torch runs bfloat16 attention as flash attention, which never holds the
+    2048x2048 score matrices (256 MiB for the 32 heads); the math path does."""
+    scores = 32 * 2048 * 2048 * 2
+    fused = distributed(gpus=1, tracking=False, sim_compute="shapes")(attention)
+    peak, ops = fused.distributed(False)[0]
+    assert "aten._scaled_dot_product_flash_attention" in ops, ops
+    assert "aten._scaled_dot_product_flash_attention_backward" in ops, ops
+    assert peak < scores
+    math_peak, math_ops = fused.distributed(True)[0]
+    assert "aten.bmm" in math_ops and not any("flash" in op for op in math_ops), math_ops
+    assert math_peak > 2 * scores
+    # Recomputed in backward, which runs in the autograd engine's thread for the device.
+    _, recomputed = fused.distributed(False, True)[0]
+    assert recomputed == ops
