@@ -7,11 +7,12 @@ the comparison (the noise guard). Run with --benchmark_repetitions=K (K >= 3) to
 use of it. Rows that failed in the new run (a wrong result, a failed sweep) are
 regressions too. Benchmarks found on one side only are listed, not failed.
 
-Counters are compared too, where a benchmark reports them (bench_parallel does):
-exact ones (--exact, by default comm_* and collectives_*: the communication accounting, the
-same run after run on any machine) must not change at all, and predicted ones (--predicted,
-by default model_*: the collective model's times) must stay within --predicted-tolerance
-(default 1%). With --counters-only the times are not compared, only the counters: the gate
+Counters are compared too, where a benchmark reports them (bench_parallel and
+bench/bench_shapes.py --json do): exact ones (--exact, by default comm_*, collectives_*,
+memory_* and flops_*: the communication accounting, a shape-only step's peak memory and
+FLOPs, the same run after run on any machine) must not change at all, and predicted ones
+(--predicted, by default model_*: the collective and compute models' times) must stay
+within --predicted-tolerance (default 1%). With --counters-only the times are not compared, only the counters: the gate
 for a simulated run in CI, where timings are noise.
 
 Google Benchmark's own comparison (Debian's libbenchmark-tools, gbench in
@@ -156,9 +157,9 @@ def main():
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="largest throughput drop that is not a regression (default 0.05)")
     parser.add_argument("--filter", default="", help="only benchmarks whose name matches")
-    parser.add_argument("--exact", default=r"^(comm_|collectives_)",
+    parser.add_argument("--exact", default=r"^(comm_|collectives_|memory_|flops_)",
                         help="counters that must not change at all (default: comm_*, "
-                             "collectives_*)")
+                             "collectives_*, memory_*, flops_*)")
     parser.add_argument("--predicted", default=r"^model_",
                         help="counters held to --predicted-tolerance (default: model_*)")
     parser.add_argument("--predicted-tolerance", type=float, default=0.01,

@@ -2,7 +2,7 @@
 shapes of Llama 3's 8B and 70B (and a debug size that computes on a CPU), for training steps
 on simulated GPUs.
 
-    from llama import CONFIGS, Transformer, shard
+    from llama import CONFIGS, Transformer, build, shard
 
     with torch.device("meta"):                   # shapes only: no memory for 8B
         model = Transformer(CONFIGS["8B"])
@@ -10,6 +10,8 @@ on simulated GPUs.
 
     model = Transformer(CONFIGS["debug"]).cuda()
     shard(model, mesh, checkpoint_activations=True)   # FSDP2 per block, then the root
+
+    model = build(CONFIGS["70B"], mesh)          # on meta, sharded, then each rank's shards
 
 The layers are Llama's: token embedding, blocks of RMSNorm, grouped-query attention with
 rotary embeddings (torch's scaled_dot_product_attention, causal) and a SwiGLU feed-forward
@@ -143,11 +145,39 @@ class Transformer(nn.Module):
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Llama's initial values: normal(0, 0.02) weights, RMSNorm's ones."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
 
-def shard(model: Transformer, mesh, checkpoint_activations: bool = False) -> Transformer:
+
+def build(config: Config, mesh, checkpoint_activations: bool = False,
+          mixed_precision: bool = False) -> Transformer:
+    """A model larger than one GPU, made as torchtitan makes it: on the meta device, then
+    sharded (`shard`), then each rank's shards allocated on its GPU and initialised, so no
+    GPU ever holds the whole model."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    shard(model, mesh, checkpoint_activations, mixed_precision)
+    model.to_empty(device="cuda")
+    model.init_weights()
+    return model
+
+
+def shard(model: Transformer, mesh, checkpoint_activations: bool = False,
+          mixed_precision: bool = False) -> Transformer:
     """FSDP2 as torchtitan applies it: each block a unit (its activations recomputed in
-    backward when asked), then the root (embeddings, final norm, output)."""
-    from torch.distributed.fsdp import fully_shard
+    backward when asked), then the root (embeddings, final norm, output); with
+    mixed_precision, torchtitan's default policy: parameters gathered and computed in
+    bfloat16, gradients reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if mixed_precision else MixedPrecisionPolicy())
 
     for index, layer in enumerate(model.layers):
         if checkpoint_activations:
@@ -156,6 +186,6 @@ def shard(model: Transformer, mesh, checkpoint_activations: bool = False) -> Tra
 
             layer = checkpoint_wrapper(layer)
             model.layers[index] = layer
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model

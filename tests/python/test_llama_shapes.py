@@ -84,3 +84,54 @@ def test_the_debug_size_trains_under_fsdp2_with_and_without_activation_checkpoin
         alone.append(loss.item())
     assert plain[0] == pytest.approx(alone, rel=1e-4)
     assert plain[0][-1] < plain[0][0]
+
+
+def built_step(size: str, mixed_precision: bool) -> float:
+    """One step of a model made as torchtitan makes it (llama.build: on the meta device,
+    sharded, then each rank's shards allocated on its GPU and drawn by DTensor's random
+    operators), 1 x 2048 tokens, AdamW: the loss."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    config = llama.CONFIGS[size]
+    model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
+                        mixed_precision=mixed_precision)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seq = min(2048, config.max_seq_len)
+    tokens = torch.randint(0, config.vocab_size, (1, seq + 1)).cuda()
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                             tokens[:, 1:].flatten())
+    loss.backward()
+    optimizer.step()
+    return 0.0 if isinstance(loss, torch._subclasses.FakeTensor) else loss.item()
+
+
+def test_a_model_built_sharded_steps_computing_values():
+    losses = distributed(gpus=2, gpu_type="H100", tracking=False)(built_step).distributed(
+        "debug", True)
+    assert losses[0] == losses[1] and 0 < losses[0] < 10  # one loss: every rank's batch
+
+
+def test_llama_70b_does_not_fit_eight_h100s_and_says_where_as_cuda_does():
+    """70B under FSDP2 with AdamW keeps 16 bytes of state a parameter: 141 GB a GPU over 8
+    H100s of 79 GiB. The step fails with CUDA's out-of-memory text, naming the rank and
+    the operator."""
+    import sgpu
+    from conftest import distributed_error
+
+    call = distributed(gpus=8, gpu_type="H100", tracking=False, sim_compute="shapes",
+                       console_ranks=[])(built_step)
+    with pytest.raises(Exception) as caught:
+        call.distributed("70B", True)
+    error = distributed_error(caught.value)
+    assert isinstance(error, sgpu.DistributedError)
+    root = error.root_cause
+    assert root.exception_type.endswith("OutOfMemoryError"), root
+    assert "CUDA out of memory. Tried to allocate" in root.message
+    assert "GPU %d has a total capacity of 79.11 GiB" % root.rank in root.message
+    assert "(shape-only compute, at aten." in root.message
+    assert f"rank {root.rank}" in str(error)
