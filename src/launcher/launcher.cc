@@ -45,7 +45,6 @@
 #include "launcher/stacks.h"
 #include "launcher/symbols.h"
 #include "rendezvous/store.h"
-#include "serialize/compute_record.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"

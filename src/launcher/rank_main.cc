@@ -33,7 +33,6 @@
 #include "launcher/log_stream.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
-#include "serialize/compute_record.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"

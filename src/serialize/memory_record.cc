@@ -7,23 +7,58 @@
 #include "contract/atomic_file.h"
 
 namespace sgpu::serialize {
+namespace {
+
+// The file's JSON object; a discarded value (not an object) when it is missing or is not.
+nlohmann::json read_object(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json(nlohmann::json::value_t::discarded);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
 
 void write_memory_record(const std::filesystem::path& path, const MemoryStats& stats) {
   contract::write_file_atomically(path, nlohmann::json(stats).dump(1) + "\n");
 }
 
 std::optional<MemoryStats> read_memory_record(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json json =
-      nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = read_object(path);
   if (!json.is_object()) return std::nullopt;
   MemoryStats stats;
   for (const auto& [key, value] : json.items()) {
     if (!value.is_number_integer()) return std::nullopt;
     stats[key] = value.get<std::int64_t>();
+  }
+  return stats;
+}
+
+void write_compute_record(const std::filesystem::path& path, const ComputeStats& stats) {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [op, t] : stats.ops) {
+    ops[op] = {{"count", t.count},
+               {"flops", t.flops},
+               {"bytes", t.bytes},
+               {"predicted_seconds", t.predicted_seconds}};
+  }
+  const nlohmann::json record = {{"platform", stats.platform}, {"ops", ops}};
+  contract::write_file_atomically(path, record.dump(1) + "\n");
+}
+
+std::optional<ComputeStats> read_compute_record(const std::filesystem::path& path) {
+  const nlohmann::json json = read_object(path);
+  if (!json.is_object() || !json.contains("ops") || !json["ops"].is_object()) return std::nullopt;
+  ComputeStats stats;
+  try {
+    stats.platform = json.value("platform", "");
+    for (const auto& [op, t] : json["ops"].items()) {
+      stats.ops[op] = {t.at("count").get<std::int64_t>(), t.at("flops").get<double>(),
+                       t.at("bytes").get<double>(), t.at("predicted_seconds").get<double>()};
+    }
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
   }
   return stats;
 }

@@ -6,7 +6,6 @@
 #   bench_gate.sh BENCH_PARALLEL WORKDIR
 set -uo pipefail
 bench=$1 work=$2
-compare=$(cd "$(dirname "$0")/../.." && pwd)/ci/bench-compare
 mkdir -p "$work"
 run() {  # run OUT.json [VAR=VALUE...]
   local out=$1
@@ -18,22 +17,7 @@ run() {  # run OUT.json [VAR=VALUE...]
 run "$work/baseline.json"
 run "$work/unchanged.json"
 run "$work/small_buckets.json" SGPU_BENCH_BUCKET_BYTES=1024
-failures=0
-expect() {  # expect STATUS PATTERN ARGS...
-  local want=$1 pattern=$2
-  shift 2
-  local output status
-  output=$("$compare" --counters-only "$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE "$pattern" <<<"$output"; then
-    echo "FAIL: bench-compare --counters-only $* exited $status (want $want), output lacks /$pattern/:"
-    echo "$output"
-    failures=$((failures + 1))
-  else
-    echo "ok: bench-compare --counters-only $(basename "$2") -> $status"
-    echo "$output" | sed 's/^/    /'
-  fi
-}
+source "$(dirname "$0")/gate_expect.sh"
 expect 0 '0 counter\(s\) changed' "$work/baseline.json" "$work/unchanged.json"
 expect 1 'collectives_per_step: 1 -> [0-9.]+ +CHANGED \(compared exactly\)' \
   "$work/baseline.json" "$work/small_buckets.json"

@@ -8,7 +8,6 @@
 set -uo pipefail
 python=$1 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
-compare=$root/ci/bench-compare
 mkdir -p "$work"
 run() {  # run OUT.json CHECKPOINTING
   "$python" "$root/bench/bench_shapes.py" --gpus 2 --size debug --seq 512 --no-floor \
@@ -21,22 +20,7 @@ run "$work/checkpointed.json" on
 cat "$work/baseline.json.log"
 # The two runs compare by name: the checkpointed row is renamed to the baseline's.
 sed -i "s#shapes/debug/fsdp2/bf16/ac/2#shapes/debug/fsdp2/bf16/2#" "$work/checkpointed.json"
-failures=0
-expect() {  # expect STATUS PATTERN BASE NEW
-  local want=$1 pattern=$2
-  shift 2
-  local output status
-  output=$("$compare" --counters-only "$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE "$pattern" <<<"$output"; then
-    echo "FAIL: bench-compare --counters-only $* exited $status (want $want), output lacks /$pattern/:"
-    echo "$output"
-    failures=$((failures + 1))
-  else
-    echo "ok: bench-compare --counters-only $(basename "$2") -> $status"
-    echo "$output" | sed 's/^/    /'
-  fi
-}
+source "$(dirname "$0")/gate_expect.sh"
 expect 0 '0 counter\(s\) changed' "$work/baseline.json" "$work/unchanged.json"
 expect 1 'memory_peak_bytes: .* CHANGED \(compared exactly\)' "$work/baseline.json" "$work/checkpointed.json"
 expect 1 'flops_per_step: .* CHANGED \(compared exactly\)' "$work/baseline.json" "$work/checkpointed.json"

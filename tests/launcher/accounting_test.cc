@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "model/platform.h"
-#include "serialize/compute_record.h"
+#include "serialize/memory_record.h"
 #include "testing/temp_dir.h"
 
 namespace sgpu::launcher {
