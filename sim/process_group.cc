@@ -1,10 +1,16 @@
 // The simulated process groups on CPU tensors: the shared-memory transport (sim/shm) or
 // Gloo, with the fault plan's collective faults in between.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "backend/process_group_factory.h"
 #include "collectives/interposer.h"
@@ -44,10 +50,17 @@ RankFaults& rank_faults() {
   return *faults;
 }
 
-// The transport of a rank that computes shapes only: an operation on fake tensors is done
-// at once and moves nothing (they hold no data), while what stands above it (the
-// recorder, the fault plan) sees it as any other; one on real tensors (the bookkeeping a
-// rank keeps real: sgpu/_shapes.py) runs on the transport.
+// The transport of a rank that computes shapes only: an operation on fake tensors moves
+// nothing (they hold no data), while what stands above it (the recorder, the fault plan)
+// sees it as any other; one on real tensors (the bookkeeping a rank keeps real:
+// sgpu/_shapes.py) runs on the transport.
+//
+// The ranks still meet at each collective on fake tensors: each says what it calls (the
+// op, the dtype, the counts where every rank's must be the same, the reduce op, the root)
+// through the transport, so a rank that called another collective fails every rank alike,
+// naming the ranks that differ as the shared-memory transport's own check does, and a
+// rank that never comes leaves the others waiting at it, where the hang watchdog names it.
+// A transfer (send, recv) completes at once.
 class MovingNoBytes final : public collectives::InterposingBackend {
  public:
   using InterposingBackend::InterposingBackend;
@@ -55,16 +68,82 @@ class MovingNoBytes final : public collectives::InterposingBackend {
   // Its future holds the tensors, as a transport's does: DDP's reducer reads them there.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    if (tensors.empty() || collectives::holds_data(tensors.front())) {
-      return InterposingBackend::allreduce(tensors, opts);
-    }
-    return collectives::completed_work(c10::IValue(tensors));
+    held_ = c10::IValue(tensors);
+    c10::intrusive_ptr<c10d::Work> work = InterposingBackend::allreduce(tensors, opts);
+    held_ = c10::IValue();
+    return work;
   }
 
  protected:
   c10::intrusive_ptr<c10d::Work> around(const collectives::OpCall& call, Run run) override {
-    return call.data ? run() : collectives::completed_work(c10::IValue());
+    if (call.data) return run();
+    if (!contract::is_point_to_point(call.op)) agree(call);
+    return collectives::completed_work(std::exchange(held_, c10::IValue()));
   }
+
+ private:
+  static constexpr std::int64_t kSignatureBytes = 160;
+
+  // What every rank of the group must call alike: "all_reduce of 1024 float32, sum".
+  static std::string signature(const collectives::OpCall& call) {
+    using contract::CollectiveOp;
+    std::string s(contract::op_name(call.op));
+    switch (call.op) {  // ops whose every rank moves the same counts
+      case CollectiveOp::kAllReduce:
+      case CollectiveOp::kBroadcast:
+      case CollectiveOp::kReduce:
+      case CollectiveOp::kAllGather:
+      case CollectiveOp::kAllGatherIntoTensor:
+      case CollectiveOp::kReduceScatter:
+      case CollectiveOp::kReduceScatterTensor:
+        s += " of " + std::to_string(std::max(call.numel_in, call.numel_out));
+        break;
+      default:
+        break;
+    }
+    if (!call.dtype.empty()) s += (s.find(" of ") == std::string::npos ? " of " : " ") + call.dtype;
+    if (!call.reduce_op.empty()) s += ", " + call.reduce_op;
+    if (call.peer >= 0) s += ", root " + std::to_string(call.peer);
+    return s;
+  }
+
+  void agree(const collectives::OpCall& call) {
+    std::string mine = signature(call);
+    mine.resize(kSignatureBytes, '\0');
+    std::vector<at::Tensor> inputs{
+        at::from_blob(mine.data(), {kSignatureBytes}, at::kByte).clone()};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < getSize(); ++r)
+      outputs[0].push_back(at::empty({kSignatureBytes}, at::kByte));
+    inner().allgather(outputs, inputs)->wait();
+    std::vector<std::pair<std::string, std::vector<int>>> called;  // by what they called
+    for (int r = 0; r < getSize(); ++r) {
+      const auto* bytes = static_cast<const char*>(outputs[0][r].data_ptr());
+      std::string theirs(bytes, strnlen(bytes, kSignatureBytes));
+      auto it = std::find_if(called.begin(), called.end(),
+                             [&](const auto& c) { return c.first == theirs; });
+      if (it == called.end()) {
+        called.push_back({theirs, {r}});
+      } else {
+        it->second.push_back(r);
+      }
+    }
+    if (called.size() == 1) return;
+    std::string text = "collective mismatch: the ranks of the group called different collectives: ";
+    for (std::size_t c = 0; c < called.size(); ++c) {
+      const std::vector<int>& ranks = called[c].second;
+      text += (c == 0 ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ");
+      for (std::size_t i = 0; i < ranks.size(); ++i)
+        text += (i == 0 ? "" : ",") + std::to_string(ranks[i]);
+      text += " " + called[c].first;
+    }
+    C10_THROW_ERROR(DistBackendError, text + " (shape-only compute, rank " +
+                                          std::to_string(getRank()) + " of " +
+                                          std::to_string(getSize()) + ")");
+  }
+
+  // The tensors an all-reduce's future holds, from allreduce() to around() on this thread.
+  static inline thread_local c10::IValue held_;
 };
 
 // Counts collectives and applies the faults planned for them, then runs the real one.

@@ -11,7 +11,8 @@ Collectives are the point. torch answers a collective on fake tensors with a fak
 and never reaches the process group; here each c10d operation goes to the kernel of its
 tensors' device instead, which calls the group's backend, where sgpu's recorder counts and
 times it from the tensors' shapes as it would a real one, and the transport beneath, in
-this mode, moves no bytes for fake tensors. The ranks do not wait for each other there.
+this mode, moves no bytes for fake tensors; the ranks still meet there and compare what
+they called (MovingNoBytes in sim/process_group.cc).
 
 Each operator the function runs on its GPU is also timed (NOTE [The compute model] in
 src/model/platform.h): its FLOPs by torch's flop counter's formulas (matmuls,

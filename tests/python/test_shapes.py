@@ -2,7 +2,8 @@
 and its collectives move no bytes, yet each is counted, sized and timed as the real one,
 and each fake storage is its GPU's memory. The law: a training step records exactly the
 collectives, bytes and predicted times in shapes that it records computing values, for
-DDP, FSDP2 and ZeRO on 2 and 8 ranks; an FSDP2 step peaks where the real one does."""
+DDP, FSDP2 and ZeRO on 2, 4 and 8 ranks; an FSDP2 step peaks where the real one does; the
+ranks meet at each collective, so a mismatch fails and a skipped one is named."""
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def recorded(compute: str, gpus: int, strategy: str) -> list:
             for rank in call.comm_stats()]
 
 
-@pytest.mark.parametrize("gpus", [2, 8])
+@pytest.mark.parametrize("gpus", [2, 4, 8])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero"])
 def test_a_shape_only_step_records_the_collectives_of_the_real_one_exactly(strategy, gpus):
     values = recorded("values", gpus, strategy)
@@ -308,3 +309,48 @@ def test_attention_runs_the_fused_kernel_a_gpu_runs():
     # Recomputed in backward, which runs in the autograd engine's thread for the device.
     _, recomputed = fused.distributed(False, True)[0]
     assert recomputed == ops
+
+
+def test_a_rank_that_skips_a_collective_is_named_at_it_in_shapes_too():
+    """The ranks meet at each collective though it moves no bytes: rank 2 skipping #3 calls
+    a broadcast where the others all-reduce, and the verdict names it there."""
+
+    @distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5, sim_compute="shapes")
+    def skips():
+        import torch.distributed as dist
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        t = torch.ones(1024, device="cuda")
+        for i in range(1, 5):
+            if dist.get_rank() == 2 and i == 3:
+                continue
+            if i % 2:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+        return dist.get_rank()
+
+    with pytest.raises(Exception) as caught:
+        skips.distributed()
+    error = distributed_error(caught.value)
+    assert isinstance(error, sgpu.DistributedError), repr(caught.value)
+    assert error.collectives.culprits == (2,), str(error)
+    assert "collective #3" in error.collectives.verdict, error.collectives.verdict
+
+
+def test_ranks_that_all_reduce_different_shapes_fail_alike_naming_each_other():
+    @distributed(gpus=2, tracking=False, timeout=120, sim_compute="shapes")
+    def uneven():
+        import torch.distributed as dist
+
+        torch.cuda.set_device(sgpu.get_local_rank())
+        dist.init_process_group("nccl")
+        dist.all_reduce(torch.ones(1024 * (1 + dist.get_rank()), device="cuda"))
+
+    with pytest.raises(Exception) as caught:
+        uneven.distributed()
+    message = str(distributed_error(caught.value))
+    assert "collective mismatch: the ranks of the group called different collectives: " \
+           "rank 0 all_reduce of 1024 float32, sum; rank 1 all_reduce of 2048 float32, sum" \
+           in message, message
