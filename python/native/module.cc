@@ -603,6 +603,11 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("arm_program_stacks", &sgpu::launcher::arm_program_stacks);
+  m.def("enter_program_shapes", &sgpu::launcher::enter_program_shapes);
+  m.def("record_program_figures", [] {
+    py::gil_scoped_release release;
+    sgpu::launcher::record_program_figures();
+  });
   m.def("end_rank", [](int code) {
     py::gil_scoped_release release;
     sgpu::launcher::end_worker_rank(code);

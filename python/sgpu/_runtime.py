@@ -263,8 +263,11 @@ def _serve_cuda_on_sim() -> None:
         return
     from sgpu import _sim_cuda
 
-    if _sim_cuda.wanted():
-        _sim_cuda.install()
+    if _sim_cuda.wanted() and _sim_cuda.install() and not is_rank() \
+            and os.environ.get("SGPU_SIM_COMPUTE") == "shapes":
+        from sgpu import _shapes
+
+        _shapes.enter_for_program()
 
 
 _bound = False

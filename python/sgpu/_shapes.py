@@ -267,6 +267,23 @@ def _resizes_counted(mode: _ShapesMode):
         torch.UntypedStorage.resize_ = resize
 
 
+_program = contextlib.ExitStack()
+
+
+def enter_for_program() -> None:
+    """A Python program that `sgpu run` runs in shape-only compute: from its import of
+    torch to its end, as a function's rank runs inside shapes_only(). Its supervisor is
+    told (a program in shapes that never gets here fails), and its GPU's memory figures
+    and compute estimate are written when it ends, for the caller's summary."""
+    import atexit
+
+    from sgpu import _native
+
+    _program.enter_context(shapes_only())
+    _native.enter_program_shapes()
+    atexit.register(_native.record_program_figures)
+
+
 @contextlib.contextmanager
 def shapes_only():
     """Tensors made inside are fake (shapes, no data); collectives reach sgpu's groups;

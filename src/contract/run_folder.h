@@ -43,6 +43,8 @@ struct RankFolder {
   std::filesystem::path collective_ring() const { return dir / "collectives.ring"; }
   std::filesystem::path memory() const { return dir / "memory.json"; }
   std::filesystem::path compute() const { return dir / "compute.json"; }
+  // Left by a program under sgpu run once it runs in shape-only compute.
+  std::filesystem::path computes_shapes() const { return dir / "computes-shapes"; }
 
   static constexpr const char* kTrackingSpoolName = "tracking-spool.jsonl";
 };

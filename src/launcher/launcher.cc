@@ -1027,7 +1027,10 @@ class CallImpl final : public detail::Call {
       compute.push_back(
           serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
-    if (kind_ != CallKind::kProgram && any_rank_on_console()) {
+    // A program's lines only when it ran in shape-only compute, whose figures are the point.
+    const bool shapes = std::any_of(compute.begin(), compute.end(),
+                                    [](const ComputeStats& c) { return !c.ops.empty(); });
+    if ((kind_ != CallKind::kProgram || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
       for (const std::string& line :
            {comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
@@ -1114,16 +1117,16 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
     selection =
         backend::select_devices(inventory, options.gpus, options.gpu_type, chosen_backend->name());
     backend_env = chosen_backend->rank_environment(options);
-    // Shapes without data are a Python rank's, whose tensors can be fake ones; a C++
-    // function's or a program's ranks would compute on nothing and move nothing.
+    // Shapes without data are Python's, whose tensors can be fake ones: a C++ function's
+    // ranks would compute on nothing and move nothing. A program's rank checks at its end
+    // that the program ran in shapes (NOTE [A program's supervisor]).
     const std::string shapes = std::string(contract::kSimComputeVar) + "=shapes";
-    if (kind != CallKind::kWorker &&
+    if (kind == CallKind::kFunction &&
         std::find(backend_env.begin(), backend_env.end(), shapes) != backend_env.end()) {
       throw ConfigError(contract::spell("sim_compute", "shapes") +
-                        " is for Python functions (the decorator's ranks, whose tensors can "
-                        "be fake ones); " +
-                        (kind == CallKind::kProgram ? "a program's" : "a C++ function's") +
-                        " ranks compute on data: leave it \"values\"");
+                        " is for Python code (the decorator's ranks, or a Python program under "
+                        "sgpu run, whose tensors can be fake ones); a C++ function's ranks "
+                        "compute on data: leave it \"values\"");
     }
     if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
         size > options.max_payload_bytes) {

@@ -27,6 +27,9 @@
 #include "backend/backend_table.h"
 #include "collectives/recorder.h"
 #include "contract/abrupt_end.h"
+#include "contract/atomic_file.h"
+#include "contract/front_end.h"
+#include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
 #include "launcher/accounting.h"
@@ -246,6 +249,8 @@ void kill_orphans() {
 // to kill when the program ends. The supervisor ignores SIGTERM (teardown signals the
 // group, so the program gets it) and ends as the program did: its exit code, or killed by
 // the same signal. Start and timed faults of the fault plan act on the program from here.
+// A program run in shape-only compute must say it ran so (enter_program_shapes), or its
+// rank fails with a ConfigError though it exited 0.
 void run_program(char** argv) {
   const contract::RankEnvironment env = contract::read_rank_environment();
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -287,7 +292,37 @@ void run_program(char** argv) {
     ::signal(WTERMSIG(status), SIG_DFL);
     ::raise(WTERMSIG(status));
   }
+  const contract::RankFolder folder{env.rank_dir};
+  std::error_code absent;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+      contract::env_string(contract::kSimComputeVar) == "shapes" &&
+      !std::filesystem::exists(folder.computes_shapes(), absent)) {
+    fail(folder, env.rank, "ConfigError",
+         contract::spell("sim_compute", "shapes") + ": " + argv[0] +
+             " ended without running in shape-only compute, so it computed values: only a "
+             "Python program that imports torch runs in shapes (a C++ program, or one that "
+             "never imports torch, cannot); run it computing values");
+  }
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+void enter_program_shapes() {
+  const contract::RankFolder folder{contract::read_rank_environment().rank_dir};
+  contract::write_file_atomically(folder.computes_shapes(), "");
+}
+
+void record_program_figures() {
+  try {
+    const contract::RankEnvironment env = contract::read_rank_environment();
+    const contract::RankFolder folder{env.rank_dir};
+    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
+    if (!stats.empty()) serialize::write_memory_record(folder.memory(), stats);
+    if (const ComputeStats compute = rank_compute_stats(); !compute.ops.empty())
+      serialize::write_compute_record(folder.compute(), compute);
+  } catch (const std::exception& e) {
+    std::cerr << "sgpu: the program's memory and compute figures not recorded: " << e.what()
+              << std::endl;
+  }
 }
 
 void arm_program_stacks() {

@@ -17,6 +17,13 @@ void enter_worker_rank();
 // In the program a `sgpu run` rank supervises, when it imports sgpu: its threads answer the
 // caller's stack signal (NOTE [Stack dumps]) into its rank's folder.
 void arm_program_stacks();
+// In a Python program a `sgpu run` rank supervises, once it runs in shape-only compute
+// (sgpu/_shapes.py): says so to its supervisor, which fails a program in shapes that never
+// did (a C++ program, one that never imports torch) rather than let it compute values.
+void enter_program_shapes();
+// At such a program's end: its GPU's memory figures into rank-<N>/memory.json and its
+// compute estimate into compute.json, for the caller's summary.
+void record_program_figures();
 // Ends a worker rank as a function's rank ends: the rank logger closed, output flushed,
 // _exit(code).
 [[noreturn]] void end_worker_rank(int code);

@@ -56,7 +56,7 @@ TEST(ConfigError, ZeroOrNegativeTimeout) {
 TEST(ConfigError, ShapeOnlyComputeIsForPythonFunctionsAndNamesItsValues) {
   auto o = sim();
   o.sim_compute = "shapes";
-  expect_has(error_of<sgpu::ConfigError>(o), "sim_compute=\"shapes\" is for Python functions");
+  expect_has(error_of<sgpu::ConfigError>(o), "sim_compute=\"shapes\" is for Python code");
   expect_has(error_of<sgpu::ConfigError>(o), "a C++ function's ranks compute on data");
   o.sim_compute = "fake";
   expect_has(error_of<sgpu::ConfigError>(o),

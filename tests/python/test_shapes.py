@@ -10,6 +10,7 @@ import torch
 
 import sgpu
 from conftest import distributed_error
+from sgpu_cli import needs_cli, sgpu_run
 from sgpu import distributed
 
 
@@ -354,3 +355,40 @@ def test_ranks_that_all_reduce_different_shapes_fail_alike_naming_each_other():
     assert "collective mismatch: the ranks of the group called different collectives: " \
            "rank 0 all_reduce of 1024 float32, sum; rank 1 all_reduce of 2048 float32, sum" \
            in message, message
+
+
+@needs_cli
+def test_a_python_program_under_sgpu_run_steps_in_shapes(tmp_path):
+    """A script written for torchrun, under `sgpu run` with SGPU_SIM_COMPUTE=shapes: 77 GB of
+    model state steps on this machine, and the call says what its collectives and compute
+    would take on the node."""
+    code, out, err = sgpu_run(tmp_path, """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        model = torch.nn.Sequential(*[torch.nn.Linear(40_000, 40_000) for _ in range(3)]).cuda()
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.randn(4, 40_000, device="cuda")).sum().backward()
+        optimizer.step()
+        print(f"rank {dist.get_rank()}: {tuple(model[0].weight.to_local().shape)}")
+        dist.destroy_process_group()
+    """, "--gpus", "2", timeout=300, env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
+    assert code == 0, err
+    assert "rank 0: (20000, 40000)" in out and "rank 1: (20000, 40000)" in out
+    assert "reduce_scatter_tensor 3 calls" in err, err
+    assert "sgpu: compute (the most of any rank): " in err and " on h100-nvswitch" in err, err
+
+
+@needs_cli
+def test_a_program_that_never_runs_in_shapes_fails_rather_than_compute_values(tmp_path):
+    code, out, err = sgpu_run(tmp_path, "print('no torch here')\n", "--gpus", "2",
+                              env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
+    assert code != 0
+    assert "ended without running in shape-only compute, so it computed values" in err, err
