@@ -32,6 +32,10 @@
 //   model_comm_ms_per_step
 //                those collectives' time on the simulated node's platform (NOTE [The
 //                collective model]: 8xH100 is h100-nvswitch), summed as if none overlapped
+//   flops_per_step, model_compute_ms_per_step, model_step_ms
+//                rank 0's kernels in one training step on the same platform's roofline
+//                (NOTE [The compute model]): their FLOPs (exact, the same run after run),
+//                their predicted time, and that time with model_comm_ms_per_step added
 //
 // With SGPU_BENCH_MEMORY=both each row runs twice, the simulated devices counting memory
 // (the default) and not (SGPU_SIM_MEMORY=off), the two calls taking turns to go first, and
@@ -60,6 +64,7 @@
 #include "contract/collective_ring.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "launcher/accounting.h"
 #include "sgpu/parallel/ddp.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/group.h"
@@ -86,9 +91,12 @@ struct Timing {
   std::int64_t peak_bytes = 0;  // allocated device memory; 0 when not counted
   // The rank's collectives per training step, from its own accounting.
   double comm_bytes = 0, collectives = 0, predicted_seconds = 0;
+  // Its kernels per training step, on the roofline (launcher/operator_timer.h).
+  double flops = 0, compute_seconds = 0;
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(local_ms, step_ms, peak_bytes, comm_bytes, collectives, predicted_seconds);
+    ar(local_ms, step_ms, peak_bytes, comm_bytes, collectives, predicted_seconds, flops,
+       compute_seconds);
   }
 };
 
@@ -108,9 +116,13 @@ torch::nn::Sequential make_model(bool wide) {
 // keeps), the timing loop's barriers left out.
 struct CommSoFar {
   double bytes = 0, count = 0, predicted_seconds = 0;
+  double flops = 0, compute_seconds = 0;  // the rank's kernels, on the roofline
 };
 CommSoFar comm_so_far() {
   CommSoFar so_far;
+  const sgpu::ComputeTotals compute = sgpu::launcher::rank_compute_stats().total();
+  so_far.flops = compute.flops;
+  so_far.compute_seconds = compute.predicted_seconds;
   const auto env = sgpu::contract::read_rank_environment();
   const auto ring = sgpu::contract::read_collective_ring(
       sgpu::contract::RankFolder{env.rank_dir}.collective_ring());
@@ -157,6 +169,8 @@ Steps time_each(int steps, Step&& step) {
   out.per_step.bytes = (after.bytes - before.bytes) / steps;
   out.per_step.count = (after.count - before.count) / steps;
   out.per_step.predicted_seconds = (after.predicted_seconds - before.predicted_seconds) / steps;
+  out.per_step.flops = (after.flops - before.flops) / steps;
+  out.per_step.compute_seconds = (after.compute_seconds - before.compute_seconds) / steps;
   return out;
 }
 
@@ -215,6 +229,8 @@ Timing time_steps(Config config) {
   timing.comm_bytes = strategy.per_step.bytes;
   timing.collectives = strategy.per_step.count;
   timing.predicted_seconds = strategy.per_step.predicted_seconds;
+  timing.flops = strategy.per_step.flops;
+  timing.compute_seconds = strategy.per_step.compute_seconds;
   const sgpu::MemoryStats memory = sgpu::memory_stats();
   if (const auto peak = memory.find("allocated_bytes.all.peak"); peak != memory.end()) {
     timing.peak_bytes = peak->second;
@@ -239,6 +255,8 @@ Timing run(bool wide, const std::string& strategy, int ranks) {
   slowest.comm_bytes = rank0.comm_bytes;
   slowest.collectives = rank0.collectives;
   slowest.predicted_seconds = rank0.predicted_seconds;
+  slowest.flops = rank0.flops;
+  slowest.compute_seconds = rank0.compute_seconds;
   return slowest;
 }
 
@@ -295,6 +313,9 @@ void BM_Step(benchmark::State& state, bool wide, std::string strategy) {
   state.counters["theory_bytes_per_step"] = theory;
   state.counters["vs_theory"] = timing.comm_bytes / theory;
   state.counters["model_comm_ms_per_step"] = timing.predicted_seconds * 1e3;
+  state.counters["flops_per_step"] = timing.flops;
+  state.counters["model_compute_ms_per_step"] = timing.compute_seconds * 1e3;
+  state.counters["model_step_ms"] = (timing.compute_seconds + timing.predicted_seconds) * 1e3;
   if (memory_both()) {
     state.counters["step_uncounted_ms"] = uncounted.step_ms;
     state.counters["vs_uncounted"] = timing.step_ms / uncounted.step_ms;
