@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -86,8 +87,9 @@ bool runs_no_kernel(const at::RecordFunction& fn) {
                                                     "aten::alias",
                                                     "aten::_unsafe_view",
                                                     "aten::lift_fresh"};
-  thread_local std::unordered_map<std::string, bool> known;
-  const std::string name = fn.name();
+  // An operator's name is its schema's, whose characters stay where they are.
+  thread_local std::unordered_map<const char*, bool> known;
+  const char* name = fn.name();
   if (auto it = known.find(name); it != known.end()) return it->second;
   bool none = allocations.count(name) != 0;
   if (!none) {
@@ -103,8 +105,8 @@ bool runs_no_kernel(const at::RecordFunction& fn) {
   return none;
 }
 
-const std::set<std::string>& with_formulas() {
-  static const std::set<std::string> names = {
+const std::set<std::string_view>& with_formulas() {
+  static const std::set<std::string_view> names = {
       "aten::mm",
       "aten::addmm",
       "aten::bmm",
@@ -140,15 +142,15 @@ thread_local Frame* t_innermost = nullptr;
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   auto frame = std::make_unique<Frame>();
-  const std::string name = fn.name();
-  frame->aten = name.rfind("aten::", 0) == 0;
+  const char* name = fn.name();
+  frame->aten = std::strncmp(name, "aten::", 6) == 0;
   frame->has_formula = frame->aten && with_formulas().count(name) != 0;
   if (Frame* parent = t_innermost) {
     frame->parent = parent;
     frame->aten_parent = parent->aten ? parent : parent->aten_parent;
     frame->in_collective = parent->in_collective || parent->collective;
   }
-  frame->collective = name.rfind("c10d::", 0) == 0;
+  frame->collective = std::strncmp(name, "c10d::", 6) == 0;
   t_innermost = frame.get();
   if (frame->aten && !frame->in_collective && (frame->aten_parent == nullptr || frame->has_formula))
     frame->in = tensors_of(fn.inputs());
@@ -164,16 +166,17 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* frame = static_cast<Frame*>(context);
   t_innermost = frame->parent;
   if (!frame->aten || frame->in_collective) return;
-  const std::string name = fn.name();
+  Frame* parent = frame->aten_parent;
+  if (parent != nullptr && parent->has_formula) return;  // the parent's formula counts it
   double flops = frame->inner_flops;
   std::optional<Tensors> out;
   if (frame->has_formula) {
     const std::vector<c10::IValue>& outputs = fn.outputs();
     out = tensors_of(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
-    flops = operator_flops(name, frame->in.sizes, out->sizes);
+    flops = operator_flops(fn.name(), frame->in.sizes, out->sizes);
   }
-  if (Frame* parent = frame->aten_parent) {
-    if (!parent->has_formula) parent->inner_flops += flops;
+  if (parent != nullptr) {
+    parent->inner_flops += flops;
     return;
   }
   if (runs_no_kernel(fn)) return;
@@ -185,7 +188,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (flops == 0 && bytes == 0) return;
   const c10::ScalarType type =
       out->floating.value_or(frame->in.floating.value_or(c10::ScalarType::Float));
-  count_compute("aten." + name.substr(6), dtype_name(type), flops, bytes);
+  count_compute(std::string("aten.") + (fn.name() + 6), dtype_name(type), flops, bytes);
 }
 
 }  // namespace
