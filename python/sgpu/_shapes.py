@@ -22,6 +22,7 @@ roofline of the node's platform over both, added up per rank (`handle.compute_st
 """
 
 import contextlib
+import threading
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -152,7 +153,9 @@ class _ShapesMode(FakeTensorMode):
 
         self._count = _native.count_fake_storage
         self._time = _native.count_compute
-        self._depth = 0  # the dispatches under way: only the outermost operator is timed
+        # Each thread's dispatches under way (backward runs in the autograd engine's own):
+        # only the outermost operator is timed.
+        self._dispatching = threading.local()
         # A fake storage on cuda -> [its device, what its bytes hold of the model (None
         # while resized to nothing)]; an entry goes, and its bytes with it, with the storage.
         self.held = WeakIdKeyDictionary()
@@ -181,12 +184,13 @@ class _ShapesMode(FakeTensorMode):
         if _runs_for_real(func, args, kwargs):
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        self._depth += 1
+        depth = getattr(self._dispatching, "depth", 0)
+        self._dispatching.depth = depth + 1
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
         finally:
-            self._depth -= 1
-        if self._depth == 0:
+            self._dispatching.depth = depth
+        if depth == 0:
             self.timed(func, args, kwargs, out)
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, FakeTensor) and leaf.device.type == "cuda":

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sgpu import distributed
+from sgpu_cli import needs_cli, sgpu_run
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "models"))
 import llama  # noqa: E402
@@ -135,3 +136,22 @@ def test_llama_70b_does_not_fit_eight_h100s_and_says_where_as_cuda_does():
     assert "GPU %d has a total capacity of 79.11 GiB" % root.rank in root.message
     assert "(shape-only compute, at aten." in root.message
     assert f"rank {root.rank}" in str(error)
+
+
+@needs_cli
+@pytest.mark.parametrize("checkpointing", [[], ["--checkpointing"]])
+def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointing):
+    """examples/models/llama_step.py, written for torchrun, under `sgpu run` on simulated
+    H100s in shape-only compute, with and without activation checkpointing."""
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "llama_step.py"
+    argv = [str(script), "--size", "debug", "--seq", "64", *checkpointing]
+    code, out, err = sgpu_run(tmp_path, f"""
+        import runpy, sys
+        sys.argv = {argv!r}
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """, "--gpus", "2", timeout=300,
+        env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
+    assert code == 0, err
+    assert "debug step on 2 GPUs: peak allocated" in out
+    assert "all_gather_into_tensor" in err and "reduce_scatter_tensor" in err, err
+    assert "sgpu: compute (the most of any rank): " in err, err

@@ -392,3 +392,23 @@ def test_a_program_that_never_runs_in_shapes_fails_rather_than_compute_values(tm
                               env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
     assert code != 0
     assert "ended without running in shape-only compute, so it computed values" in err, err
+
+
+def test_the_estimate_lands_in_the_calls_run_one_point_per_rank():
+    import mlflow
+
+    call = distributed(gpus=2, sim_compute="shapes", sim_node="2xH100")(matmuls).launch(False)
+    call.result()
+    stats = call.compute_stats()
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    client = mlflow.MlflowClient()
+    for key, want in (("sgpu.compute.flops", [rank["flops"] for rank in stats]),
+                      ("sgpu.compute.predicted_seconds",
+                       [rank["predicted_seconds"] for rank in stats])):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.value for m in sorted(history, key=lambda m: m.step)] == \
+            [pytest.approx(value, rel=1e-9) for value in want], key
+    # No collective here: the step's predicted time is its compute's.
+    steps = client.get_metric_history(run.info.run_id, "sgpu.predicted_seconds")
+    assert [m.value for m in sorted(steps, key=lambda m: m.step)] == \
+        [pytest.approx(rank["predicted_seconds"], rel=1e-9) for rank in stats]

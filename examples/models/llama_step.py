@@ -1,0 +1,55 @@
+"""One FSDP2 training step of llama.py's model, as a script that torchrun (or `sgpu run`)
+starts on every GPU of a node, written as one is written for the node:
+
+    torchrun --nproc-per-node 8 examples/models/llama_step.py --size 8B
+    SGPU_SIM_COMPUTE=shapes sgpu run --backend sim --gpus 8 -- \\
+        python examples/models/llama_step.py --size 8B --checkpointing
+
+The second runs it on 8 simulated H100s in shape-only compute (docs/simulation.md): no
+weights, no data, the step's collectives, peak memory and predicted time as on the node.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import llama  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="8B", choices=sorted(llama.CONFIGS))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="recompute each block's activations in backward")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    args = parser.parse_args()
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    config = llama.CONFIGS[args.size]
+    model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
+                        args.checkpointing, args.precision == "bf16")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seq = min(args.seq, config.max_seq_len)
+    tokens = torch.randint(0, config.vocab_size, (args.batch, seq + 1)).cuda()
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                             tokens[:, 1:].flatten())
+    loss.backward()
+    optimizer.step()
+    if dist.get_rank() == 0:
+        print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
+              f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB on GPU 0")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
