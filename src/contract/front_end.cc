@@ -26,6 +26,7 @@ std::string flag_of(std::string_view setting) {
       {"rdzv_endpoint", "--rdzv-endpoint"},
       {"rdzv_id", "--rdzv-id"},
       {"rdzv_timeout", "--rdzv-timeout"},
+      {"sim_compute", "--sim-compute"},
   };
   const auto it = flags.find(setting);
   return it != flags.end() ? std::string(it->second) : std::string(setting);

@@ -28,7 +28,6 @@
 #include "collectives/recorder.h"
 #include "contract/abrupt_end.h"
 #include "contract/atomic_file.h"
-#include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
@@ -298,11 +297,12 @@ void run_program(char** argv) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
       contract::env_string(contract::kSimComputeVar) == "shapes" &&
       !std::filesystem::exists(folder.computes_shapes(), absent)) {
+    // Spelled neutrally: the supervisor does not know which front end the caller used.
     fail(folder, env.rank, "ConfigError",
-         contract::spell("sim_compute", "shapes") + ": " + argv[0] +
-             " ended without running in shape-only compute, so it computed values: only a "
-             "Python program that imports torch runs in shapes (a C++ program, or one that "
-             "never imports torch, cannot); run it computing values");
+         std::string(argv[0]) +
+             " ended without running in shape-only compute, which the call asked for, so it "
+             "computed values: only a Python program that imports torch runs in shapes (a C++ "
+             "program, or one that never imports torch, cannot); run it computing values");
   }
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }

@@ -203,6 +203,18 @@ TEST(SgpuRun, BadFlagsExit2WithUsage) {
   }
   r = sgpu({"launch"});
   EXPECT_EQ(r.status, 2) << r.output;
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--sim-compute", "fake", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--sim-compute fake is not what simulated ranks compute");
+}
+
+// --sim-compute shapes is for a Python program, which says so once it runs in shapes; any
+// other program fails, though it exited 0, rather than pass having computed values.
+TEST(SgpuRun, ShapeOnlyComputeFailsAProgramThatNeverRanInIt) {
+  const Result r =
+      sgpu({"run", "--gpus", "2", "--backend", "sim", "--sim-compute", "shapes", "--", "true"});
+  EXPECT_EQ(r.status, 1) << r.output;
+  expect_has(r.output, "ConfigError: true ended without running in shape-only compute");
 }
 
 void expect_lacks(const std::string& text, const std::string& part) {

@@ -149,8 +149,7 @@ def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointi
         import runpy, sys
         sys.argv = {argv!r}
         runpy.run_path(sys.argv[0], run_name="__main__")
-    """, "--gpus", "2", timeout=300,
-        env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
+    """, "--gpus", "2", "--sim-compute", "shapes", timeout=300, env={"SGPU_TRACKING": "off"})
     assert code == 0, err
     assert "debug step on 2 GPUs: peak allocated" in out
     assert "all_gather_into_tensor" in err and "reduce_scatter_tensor" in err, err
