@@ -3,7 +3,10 @@ and its collectives move no bytes, yet each is counted, sized and timed as the r
 and each fake storage is its GPU's memory. The law: a training step records exactly the
 collectives, bytes and predicted times in shapes that it records computing values, for
 DDP, FSDP2 and ZeRO on 2, 4 and 8 ranks; an FSDP2 step peaks where the real one does; the
-ranks meet at each collective, so a mismatch fails and a skipped one is named."""
+ranks meet at each collective, so a mismatch fails (and a skipped one is named:
+test_sim_cuda.py)."""
+
+import pathlib
 
 import pytest
 import torch
@@ -312,34 +315,6 @@ def test_attention_runs_the_fused_kernel_a_gpu_runs():
     assert recomputed == ops
 
 
-def test_a_rank_that_skips_a_collective_is_named_at_it_in_shapes_too():
-    """The ranks meet at each collective though it moves no bytes: rank 2 skipping #3 calls
-    a broadcast where the others all-reduce, and the verdict names it there."""
-
-    @distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5, sim_compute="shapes")
-    def skips():
-        import torch.distributed as dist
-
-        torch.cuda.set_device(sgpu.get_local_rank())
-        dist.init_process_group("nccl")
-        t = torch.ones(1024, device="cuda")
-        for i in range(1, 5):
-            if dist.get_rank() == 2 and i == 3:
-                continue
-            if i % 2:
-                dist.all_reduce(t)
-            else:
-                dist.broadcast(t, src=0)
-        return dist.get_rank()
-
-    with pytest.raises(Exception) as caught:
-        skips.distributed()
-    error = distributed_error(caught.value)
-    assert isinstance(error, sgpu.DistributedError), repr(caught.value)
-    assert error.collectives.culprits == (2,), str(error)
-    assert "collective #3" in error.collectives.verdict, error.collectives.verdict
-
-
 def test_ranks_that_all_reduce_different_shapes_fail_alike_naming_each_other():
     @distributed(gpus=2, tracking=False, timeout=120, sim_compute="shapes")
     def uneven():
@@ -362,23 +337,13 @@ def test_a_python_program_under_sgpu_run_steps_in_shapes(tmp_path):
     """A script written for torchrun, under `sgpu run` with SGPU_SIM_COMPUTE=shapes: 77 GB of
     model state steps on this machine, and the call says what its collectives and compute
     would take on the node."""
-    code, out, err = sgpu_run(tmp_path, """
-        import os
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.fsdp import fully_shard
+    code, out, err = sgpu_run(tmp_path, f"""
+        import sys
+        sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+        import sgpu
+        from test_shapes import three_huge_layers  # this file's, run as a program's main
 
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl")
-        model = torch.nn.Sequential(*[torch.nn.Linear(40_000, 40_000) for _ in range(3)]).cuda()
-        for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters())
-        model(torch.randn(4, 40_000, device="cuda")).sum().backward()
-        optimizer.step()
-        print(f"rank {dist.get_rank()}: {tuple(model[0].weight.to_local().shape)}")
-        dist.destroy_process_group()
+        print(f"rank {{sgpu.get_global_rank()}}: {{three_huge_layers()[0]}}")
     """, "--gpus", "2", timeout=300, env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
     assert code == 0, err
     assert "rank 0: (20000, 40000)" in out and "rank 1: (20000, 40000)" in out

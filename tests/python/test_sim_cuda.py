@@ -486,9 +486,14 @@ def test_seeds_memory_fractions_and_forked_children_behave_as_on_a_node():
     assert local_size == "1"
 
 
-@pytest.mark.parametrize("transport", ["shm", "gloo"])
-def test_a_rank_that_skips_an_nccl_collective_is_named_at_it(transport):
-    @distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5, sim_transport=transport)
+@pytest.mark.parametrize("transport, compute", [("shm", "values"), ("gloo", "values"),
+                                                ("shm", "shapes")])
+def test_a_rank_that_skips_an_nccl_collective_is_named_at_it(transport, compute):
+    """In shape-only compute too: the ranks meet at each collective though it moves no bytes
+    (rank 2's #3 is a broadcast where the others all-reduce)."""
+
+    @distributed(gpus=3, tracking=False, timeout=120, hang_timeout=1.5, sim_transport=transport,
+                 sim_compute=compute)
     def skips():
         import torch.distributed as dist
 
