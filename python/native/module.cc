@@ -200,7 +200,6 @@ struct ResultBytes {
   std::string bytes;
 };
 
-// A call in flight, as sgpu.Handle holds it.
 // A rank's compute estimate (sgpu/compute.h): {"platform", "count", "flops", "bytes",
 // "predicted_seconds", "ops": {op: {"count", "flops", "bytes", "predicted_seconds"}}}.
 py::dict compute_dict(const sgpu::ComputeStats& stats) {
@@ -219,6 +218,7 @@ py::dict compute_dict(const sgpu::ComputeStats& stats) {
   return out;
 }
 
+// A call in flight, as sgpu.Handle holds it.
 class PyCall {
  public:
   explicit PyCall(std::shared_ptr<detail::Call> call) : call_(std::move(call)) {}

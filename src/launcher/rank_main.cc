@@ -154,9 +154,25 @@ void install_guards() {
 
 bool g_bound = false;  // the rank bound its device
 
-// The device's figures into rank-<N>/memory.json and its compute estimate into
-// compute.json; its peaks, the rank's communication totals and its compute estimate
-// (launcher/accounting.h) into the call's run, one point per rank: the step is the rank.
+// What a rank (or a program under its supervisor) leaves at its end: its device's figures
+// in rank-<N>/memory.json, its compute estimate in compute.json.
+struct RankFigures {
+  MemoryStats memory;
+  ComputeStats compute;
+};
+RankFigures write_rank_figures(const contract::RankEnvironment& env,
+                               const contract::RankFolder& folder) {
+  RankFigures figures{backend::find_backend(env.backend).memory_stats(env.device_index),
+                      rank_compute_stats()};
+  if (!figures.memory.empty()) serialize::write_memory_record(folder.memory(), figures.memory);
+  if (!figures.compute.ops.empty())
+    serialize::write_compute_record(folder.compute(), figures.compute);
+  return figures;
+}
+
+// The rank's figures written (write_rank_figures); its peaks, communication totals and
+// compute estimate (launcher/accounting.h) into the call's run, one point per rank: the
+// step is the rank.
 void record_rank_figures() {
   if (!g_bound) return;
   // An NCCL entry ends when the poller sees its Work done: the rank's last collectives,
@@ -165,17 +181,13 @@ void record_rank_figures() {
   try {
     const contract::RankEnvironment env = contract::read_rank_environment();
     const contract::RankFolder folder{env.rank_dir};
-    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
-    if (!stats.empty()) serialize::write_memory_record(folder.memory(), stats);
+    const RankFigures figures = write_rank_figures(env, folder);
     const CommStats comm = comm_stats_of(contract::read_collective_ring(folder.collective_ring()));
     std::map<std::string, double> metrics = comm_metrics(comm);
-    if (const ComputeStats compute = rank_compute_stats(); !compute.ops.empty()) {
-      serialize::write_compute_record(folder.compute(), compute);
-      metrics.merge(compute_metrics(compute, comm));
-    }
+    metrics.merge(compute_metrics(figures.compute, comm));
     for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
-      const auto peak = stats.find(std::string(name) + ".all.peak");
-      if (peak != stats.end()) {
+      const auto peak = figures.memory.find(std::string(name) + ".all.peak");
+      if (peak != figures.memory.end()) {
         metrics["sgpu.memory.peak_" + std::string(name)] = static_cast<double>(peak->second);
       }
     }
@@ -315,11 +327,7 @@ void enter_program_shapes() {
 void record_program_figures() {
   try {
     const contract::RankEnvironment env = contract::read_rank_environment();
-    const contract::RankFolder folder{env.rank_dir};
-    const MemoryStats stats = backend::find_backend(env.backend).memory_stats(env.device_index);
-    if (!stats.empty()) serialize::write_memory_record(folder.memory(), stats);
-    if (const ComputeStats compute = rank_compute_stats(); !compute.ops.empty())
-      serialize::write_compute_record(folder.compute(), compute);
+    write_rank_figures(env, contract::RankFolder{env.rank_dir});
   } catch (const std::exception& e) {
     std::cerr << "sgpu: the program's memory and compute figures not recorded: " << e.what()
               << std::endl;
