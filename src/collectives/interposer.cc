@@ -9,26 +9,6 @@ namespace {
 
 using contract::CollectiveOp;
 
-// torch's Python name of a dtype ("float32"), looked up once per dtype.
-const std::string& dtype_name(at::ScalarType type) {
-  constexpr std::size_t kTypes = static_cast<std::size_t>(at::ScalarType::NumOptions);
-  static const std::array<std::string, kTypes> names = [] {
-    std::array<std::string, kTypes> all;
-    for (std::size_t i = 0; i < kTypes; ++i) {
-      try {
-        all[i] = c10::getDtypeNames(static_cast<at::ScalarType>(i)).first;
-      } catch (...) {
-        all[i] = c10::toString(static_cast<at::ScalarType>(i));
-      }
-      if (all[i].empty()) all[i] = c10::toString(static_cast<at::ScalarType>(i));
-    }
-    return all;
-  }();
-  const auto index = static_cast<std::size_t>(type);
-  static const std::string unknown = "unknown";
-  return index < kTypes ? names[index] : unknown;
-}
-
 // What a tensor's collective moves: a dense one's bytes; a sparse one's values and indices
 // (its nbytes() throws).
 std::int64_t bytes_of(const at::Tensor& t) {
@@ -89,6 +69,26 @@ OpCall barrier_call(const c10d::BarrierOptions& opts) {
 }
 
 }  // namespace
+
+// Looked up once per dtype.
+const std::string& dtype_name(at::ScalarType type) {
+  constexpr std::size_t kTypes = static_cast<std::size_t>(at::ScalarType::NumOptions);
+  static const std::array<std::string, kTypes> names = [] {
+    std::array<std::string, kTypes> all;
+    for (std::size_t i = 0; i < kTypes; ++i) {
+      try {
+        all[i] = c10::getDtypeNames(static_cast<at::ScalarType>(i)).first;
+      } catch (...) {
+        all[i] = c10::toString(static_cast<at::ScalarType>(i));
+      }
+      if (all[i].empty()) all[i] = c10::toString(static_cast<at::ScalarType>(i));
+    }
+    return all;
+  }();
+  const auto index = static_cast<std::size_t>(type);
+  static const std::string unknown = "unknown";
+  return index < kTypes ? names[index] : unknown;
+}
 
 bool holds_data(const at::Tensor& t) {
   return !(t.has_storage() && t.storage().device_type() == c10::DeviceType::Meta);

@@ -29,6 +29,10 @@ struct OpCall {
   bool data = true;  // its tensors hold data; false for fake tensors (shapes, no storage)
 };
 
+// torch's name of a dtype ("float32", "bfloat16", "float8_e4m3fn"), as torch.float32 prints
+// without its module.
+const std::string& dtype_name(at::ScalarType type);
+
 // Whether `t` holds data: false for a fake tensor (shape-only compute), whose storage is
 // the meta device's whatever device the tensor names.
 bool holds_data(const at::Tensor& t);

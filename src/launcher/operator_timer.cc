@@ -4,12 +4,13 @@
 #include <ATen/record_function.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <set>
 #include <unordered_map>
 
+#include "collectives/interposer.h"
 #include "launcher/accounting.h"
 
 namespace sgpu::launcher {
@@ -19,25 +20,6 @@ double product(const std::vector<long>& sizes, std::size_t from = 0) {
   double p = 1;
   for (std::size_t i = from; i < sizes.size(); ++i) p *= static_cast<double>(sizes[i]);
   return p;
-}
-
-// "float32", "bfloat16", ...: torch's names, as the roofline's peaks are keyed.
-std::string dtype_name(c10::ScalarType type) {
-  switch (type) {
-    case c10::ScalarType::Float:
-      return "float32";
-    case c10::ScalarType::Double:
-      return "float64";
-    case c10::ScalarType::Half:
-      return "float16";
-    case c10::ScalarType::BFloat16:
-      return "bfloat16";
-    case c10::ScalarType::Float8_e4m3fn:
-    case c10::ScalarType::Float8_e5m2:
-      return "float8";
-    default:
-      return c10::toString(type);
-  }
 }
 
 struct Tensors {
@@ -105,25 +87,81 @@ bool runs_no_kernel(const at::RecordFunction& fn) {
   return none;
 }
 
-const std::set<std::string_view>& with_formulas() {
-  static const std::set<std::string_view> names = {
-      "aten::mm",
-      "aten::addmm",
-      "aten::bmm",
-      "aten::baddbmm",
-      "aten::mv",
-      "aten::addmv",
-      "aten::dot",
-      "aten::_convolution",
-      "aten::convolution",
-      "aten::mkldnn_convolution",
-      "aten::_slow_conv2d_forward",
-      "aten::slow_conv3d_forward",
-      "aten::_nnpack_spatial_convolution",
-      "aten::convolution_backward",
-      "aten::_scaled_dot_product_flash_attention_for_cpu",
-      "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
-  return names;
+using Sizes = std::vector<std::vector<long>>;
+using Formula = double (*)(const Sizes& in, const Sizes& out);
+
+const std::vector<long>& arg(const Sizes& in, std::size_t i) {
+  static const std::vector<long> none;
+  return i < in.size() ? in[i] : none;
+}
+
+// A matmul of (m, k) by (k, n), its matrices the arguments at `a` and `a` + 1.
+template <std::size_t a>
+double matmul(const Sizes& in, const Sizes&) {
+  const auto &x = arg(in, a), &y = arg(in, a + 1);
+  return x.size() == 2 && y.size() == 2 ? 2.0 * x[0] * x[1] * y[1] : 0;
+}
+// The same over a batch: (b, m, k) by (b, k, n).
+template <std::size_t a>
+double batched_matmul(const Sizes& in, const Sizes&) {
+  const auto &x = arg(in, a), &y = arg(in, a + 1);
+  return x.size() == 3 && y.size() == 3 ? 2.0 * x[0] * x[1] * x[2] * y[2] : 0;
+}
+// A matrix (at `a`) by a vector.
+template <std::size_t a>
+double matrix_vector(const Sizes& in, const Sizes&) {
+  const auto& x = arg(in, a);
+  return x.size() == 2 ? 2.0 * x[0] * x[1] : 0;
+}
+double dot(const Sizes& in, const Sizes&) {
+  return arg(in, 0).size() == 1 ? 2.0 * arg(in, 0)[0] : 0;
+}
+// A convolution: each output element is a dot product over the weight's other dimensions.
+double convolution(const Sizes& in, const Sizes& out) {
+  return !out.empty() && arg(in, 1).size() >= 3 ? 2.0 * product(out[0]) * product(arg(in, 1), 1)
+                                                : 0;
+}
+// grad_output, input, weight: the input's and the weight's gradients, each the forward's.
+double convolution_backward(const Sizes& in, const Sizes& out) {
+  if (arg(in, 2).size() < 3) return 0;
+  const double forward = 2.0 * product(arg(in, 0)) * product(arg(in, 2), 1);
+  double flops = 0;
+  for (std::size_t i = 0; i < 2 && i < out.size(); ++i)
+    if (!out[i].empty()) flops += forward;
+  return flops;
+}
+// Attention over (batch, heads, length, head size): two matmuls forward, five backward.
+double attention(const Sizes& in, const Sizes&) {
+  return arg(in, 0).size() == 4 && arg(in, 1).size() == 4
+             ? 4.0 * product(arg(in, 0)) * arg(in, 1)[2]
+             : 0;
+}
+double attention_backward(const Sizes& in, const Sizes&) {
+  return arg(in, 1).size() == 4 && arg(in, 2).size() == 4
+             ? 10.0 * product(arg(in, 1)) * arg(in, 2)[2]
+             : 0;
+}
+
+// torch's flop counter's formulas (torch/utils/flop_counter.py), by operator.
+const std::map<std::string_view, Formula>& formulas() {
+  static const std::map<std::string_view, Formula> table = {
+      {"aten::mm", &matmul<0>},
+      {"aten::addmm", &matmul<1>},
+      {"aten::bmm", &batched_matmul<0>},
+      {"aten::baddbmm", &batched_matmul<1>},
+      {"aten::mv", &matrix_vector<0>},
+      {"aten::addmv", &matrix_vector<1>},
+      {"aten::dot", &dot},
+      {"aten::_convolution", &convolution},
+      {"aten::convolution", &convolution},
+      {"aten::mkldnn_convolution", &convolution},
+      {"aten::_slow_conv2d_forward", &convolution},
+      {"aten::slow_conv3d_forward", &convolution},
+      {"aten::_nnpack_spatial_convolution", &convolution},
+      {"aten::convolution_backward", &convolution_backward},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", &attention},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", &attention_backward}};
+  return table;
 }
 
 // What the start callback saw, for the end one.
@@ -144,7 +182,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   auto frame = std::make_unique<Frame>();
   const char* name = fn.name();
   frame->aten = std::strncmp(name, "aten::", 6) == 0;
-  frame->has_formula = frame->aten && with_formulas().count(name) != 0;
+  frame->has_formula = frame->aten && formulas().count(name) != 0;
   if (Frame* parent = t_innermost) {
     frame->parent = parent;
     frame->aten_parent = parent->aten ? parent : parent->aten_parent;
@@ -188,55 +226,16 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (flops == 0 && bytes == 0) return;
   const c10::ScalarType type =
       out->floating.value_or(frame->in.floating.value_or(c10::ScalarType::Float));
-  count_compute(std::string("aten.") + (fn.name() + 6), dtype_name(type), flops, bytes);
+  count_compute(std::string("aten.") + (fn.name() + 6), collectives::dtype_name(type), flops,
+                bytes);
 }
 
 }  // namespace
 
 double operator_flops(const std::string& name, const std::vector<std::vector<long>>& in,
                       const std::vector<std::vector<long>>& out) {
-  auto arg = [&](std::size_t i) -> const std::vector<long>& {
-    static const std::vector<long> none;
-    return i < in.size() ? in[i] : none;
-  };
-  if (name == "aten::mm" && arg(0).size() == 2 && arg(1).size() == 2)
-    return 2.0 * arg(0)[0] * arg(0)[1] * arg(1)[1];
-  if (name == "aten::addmm" && arg(1).size() == 2 && arg(2).size() == 2)
-    return 2.0 * arg(1)[0] * arg(1)[1] * arg(2)[1];
-  if (name == "aten::bmm" && arg(0).size() == 3 && arg(1).size() == 3)
-    return 2.0 * arg(0)[0] * arg(0)[1] * arg(0)[2] * arg(1)[2];
-  if (name == "aten::baddbmm" && arg(1).size() == 3 && arg(2).size() == 3)
-    return 2.0 * arg(1)[0] * arg(1)[1] * arg(1)[2] * arg(2)[2];
-  if ((name == "aten::mv" || name == "aten::addmv") && !out.empty() && !out[0].empty()) {
-    const auto& matrix = arg(name == "aten::mv" ? 0 : 1);
-    return matrix.size() == 2 ? 2.0 * matrix[0] * matrix[1] : 0;
-  }
-  if (name == "aten::dot" && arg(0).size() == 1) return 2.0 * arg(0)[0];
-  // A convolution: each output element is a dot product over the weight's other dimensions.
-  const bool convolution =
-      name == "aten::_convolution" || name == "aten::convolution" ||
-      name == "aten::mkldnn_convolution" || name == "aten::_slow_conv2d_forward" ||
-      name == "aten::slow_conv3d_forward" || name == "aten::_nnpack_spatial_convolution";
-  if (convolution && !out.empty() && arg(1).size() >= 3)
-    return 2.0 * product(out[0]) * product(arg(1), 1);
-  if (name == "aten::convolution_backward" && arg(2).size() >= 3) {
-    // grad_output, input, weight: the input's and the weight's gradients, each the forward's.
-    const double forward = 2.0 * product(arg(0)) * product(arg(2), 1);
-    double flops = 0;
-    for (std::size_t i = 0; i < 2 && i < out.size(); ++i)
-      if (!out[i].empty()) flops += forward;
-    return flops;
-  }
-  // Attention over (batch, heads, length, head size): two matmuls forward, five backward.
-  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu" && arg(0).size() == 4 &&
-      arg(1).size() == 4) {
-    return 4.0 * product(arg(0)) * arg(1)[2];
-  }
-  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward" && arg(1).size() == 4 &&
-      arg(2).size() == 4) {
-    return 10.0 * product(arg(1)) * arg(2)[2];
-  }
-  return 0;
+  const auto it = formulas().find(name);
+  return it != formulas().end() ? it->second(in, out) : 0;
 }
 
 void time_operators() {

@@ -269,12 +269,13 @@ double bus_factor(Collective c, int ranks) {
 }
 
 double Roofline::peak_for(std::string_view dtype) const {
-  double float32 = 0;
+  double family = 0, float32 = 0;
   for (const auto& [name, tflops] : peak_tflops) {
     if (name == dtype) return tflops;
+    if (name == "float8" && dtype.starts_with("float8_")) family = tflops;
     if (name == "float32") float32 = tflops;
   }
-  return float32;
+  return family > 0 ? family : float32;
 }
 
 double roofline_seconds(const Roofline& roofline, double flops, double bytes,

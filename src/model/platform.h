@@ -38,12 +38,13 @@
 // operations in `dtype` and moving `bytes` to and from the GPU's memory takes
 //   time = max(flops / peak(dtype), bytes / memory bandwidth) / efficiency
 // with the datasheet's dense peak per dtype ("bfloat16", "float16", "float32" (CUDA cores),
-// "tf32" (float32 on tensor cores, when torch allows it), "float64", "float8"; a dtype not
-// listed is timed at float32's peak) and its memory bandwidth. `efficiency` (1 by default)
-// is the fraction of both peaks a step reaches: set from one real node's step time
-// (docs/simulation.md, "Calibrating the estimate"). It leaves out what a roofline cannot
-// see: kernel launch and framework time, each kernel's own efficiency (a small matmul
-// reaches far less than the peak), caches, and the overlap of compute with collectives.
+// "tf32" (float32 on tensor cores, when torch allows it), "float64", "float8" (every
+// float8_* of torch's); a dtype not listed is timed at float32's peak) and its memory
+// bandwidth. `efficiency` (1 by default) is the fraction of both peaks a step reaches: set
+// from one real node's step time (docs/simulation.md, "Calibrating the estimate"). It
+// leaves out what a roofline cannot see: kernel launch and framework time, each kernel's
+// own efficiency (a small matmul reaches far less than the peak), caches, and the overlap
+// of compute with collectives.
 // The file's "compute" object:
 //   {peak_tflops: {dtype: TFLOPS, ...}, memory_bandwidth_gbps, efficiency, sources}
 #pragma once
@@ -111,7 +112,8 @@ struct Roofline {
   std::vector<std::string> sources;
 
   bool empty() const { return memory_bandwidth_gbps <= 0; }
-  // The dtype's peak; float32's for a dtype not listed.
+  // The dtype's peak: its own, else its family's ("float8" for torch's "float8_e4m3fn"
+  // and "float8_e5m2"), else float32's.
   double peak_for(std::string_view dtype) const;
 };
 

@@ -252,6 +252,9 @@ TEST(Roofline, AnOperatorTakesTheLongerOfItsMathAndItsMemoryTraffic) {
   EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "float32"), flops / 66.9e12);
   EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "complex64"), flops / 66.9e12);
   EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "tf32"), flops / 494.7e12);
+  // torch's float8 dtypes ("float8_e4m3fn", "float8_e5m2") on the file's "float8" peak.
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "float8_e4m3fn"), flops / 1978.9e12);
+  EXPECT_DOUBLE_EQ(roofline_seconds(h100, flops, bytes, "float8_e5m2"), flops / 1978.9e12);
   // A calibrated efficiency stretches both sides alike.
   Roofline calibrated = h100;
   calibrated.efficiency = 0.5;
