@@ -129,17 +129,9 @@ class MovingNoBytes final : public collectives::InterposingBackend {
       }
     }
     if (called.size() == 1) return;
-    std::string text = "collective mismatch: the ranks of the group called different collectives: ";
-    for (std::size_t c = 0; c < called.size(); ++c) {
-      const std::vector<int>& ranks = called[c].second;
-      text += (c == 0 ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ");
-      for (std::size_t i = 0; i < ranks.size(); ++i)
-        text += (i == 0 ? "" : ",") + std::to_string(ranks[i]);
-      text += " " + called[c].first;
-    }
-    C10_THROW_ERROR(DistBackendError, text + " (shape-only compute, rank " +
-                                          std::to_string(getRank()) + " of " +
-                                          std::to_string(getSize()) + ")");
+    C10_THROW_ERROR(DistBackendError,
+                    shm::collective_mismatch(called) + " (shape-only compute, rank " +
+                        std::to_string(getRank()) + " of " + std::to_string(getSize()) + ")");
   }
 
   // The tensors an all-reduce's future holds, from allreduce() to around() on this thread.

@@ -623,15 +623,9 @@ class ShmBackend final : public c10d::Backend {
         it->second.push_back(r);
       }
     }
-    std::ostringstream out;
-    out << "collective mismatch: the ranks of the group called different collectives: ";
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const std::vector<int>& ranks = groups[g].second;
-      out << (g == 0 ? "" : "; ") << (ranks.size() == 1 ? "rank " : "ranks ");
-      for (std::size_t i = 0; i < ranks.size(); ++i) out << (i == 0 ? "" : ",") << ranks[i];
-      out << ' ' << describe(groups[g].first);
-    }
-    C10_THROW_ERROR(DistBackendError, out.str());
+    std::vector<std::pair<std::string, std::vector<int>>> called;
+    for (const auto& [d, ranks] : groups) called.emplace_back(describe(d), ranks);
+    C10_THROW_ERROR(DistBackendError, collective_mismatch(called));
   }
 
   // All-reduce (root -1) and reduce into t, in place.
@@ -1044,6 +1038,19 @@ c10::intrusive_ptr<c10d::Backend> make_shm_backend(c10::intrusive_ptr<c10d::Stor
                                                    int world, std::chrono::milliseconds timeout,
                                                    SegmentSizes sizes) {
   return c10::make_intrusive<ShmBackend>(std::move(store), rank, world, timeout, sizes);
+}
+
+std::string collective_mismatch(
+    const std::vector<std::pair<std::string, std::vector<int>>>& called) {
+  std::string text = "collective mismatch: the ranks of the group called different collectives: ";
+  for (std::size_t c = 0; c < called.size(); ++c) {
+    const std::vector<int>& ranks = called[c].second;
+    text += (c == 0 ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ");
+    for (std::size_t i = 0; i < ranks.size(); ++i)
+      text += (i == 0 ? "" : ",") + std::to_string(ranks[i]);
+    text += " " + called[c].first;
+  }
+  return text;
 }
 
 SegmentSizes sizes_from_environment() {
