@@ -2,7 +2,7 @@
 shapes of Llama 3's 8B and 70B (and a debug size that computes on a CPU), for training steps
 on simulated GPUs.
 
-    from llama import CONFIGS, Transformer, build, shard
+    from llama import CONFIGS, Transformer, build, shard, train_step
 
     with torch.device("meta"):                   # shapes only: no memory for 8B
         model = Transformer(CONFIGS["8B"])
@@ -11,7 +11,8 @@ on simulated GPUs.
     model = Transformer(CONFIGS["debug"]).cuda()
     shard(model, mesh, checkpoint_activations=True)   # FSDP2 per block, then the root
 
-    model = build(CONFIGS["70B"], mesh)          # on meta, sharded, then each rank's shards
+    model = build(CONFIGS["8B"], mesh)           # on meta, sharded, then each rank's shards
+    train_step(model, torch.optim.AdamW(model.parameters()), batch=1, seq=2048)
 
 The layers are Llama's: token embedding, blocks of RMSNorm, grouped-query attention with
 rotary embeddings (torch's scaled_dot_product_attention, causal) and a SwiGLU feed-forward
@@ -153,6 +154,19 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+
+
+def train_step(model: Transformer, optimizer, batch: int, seq: int):
+    """One step on random tokens, batch x seq (at most the model's max_seq_len): forward,
+    the next-token loss in float32, backward, the optimizer's step. Returns the loss."""
+    config = model.config
+    seq = min(seq, config.max_seq_len)
+    tokens = torch.randint(0, config.vocab_size, (batch, seq + 1)).cuda()
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def build(config: Config, mesh, checkpoint_activations: bool = False,

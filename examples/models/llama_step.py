@@ -38,13 +38,7 @@ def main() -> None:
     model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
                         args.checkpointing, args.precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    seq = min(args.seq, config.max_seq_len)
-    tokens = torch.randint(0, config.vocab_size, (args.batch, seq + 1)).cuda()
-    logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                             tokens[:, 1:].flatten())
-    loss.backward()
-    optimizer.step()
+    llama.train_step(model, optimizer, args.batch, args.seq)
     if dist.get_rank() == 0:
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB on GPU 0")

@@ -101,13 +101,7 @@ def built_step(size: str, mixed_precision: bool) -> float:
     model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
                         mixed_precision=mixed_precision)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    seq = min(2048, config.max_seq_len)
-    tokens = torch.randint(0, config.vocab_size, (1, seq + 1)).cuda()
-    logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                             tokens[:, 1:].flatten())
-    loss.backward()
-    optimizer.step()
+    loss = llama.train_step(model, optimizer, 1, 2048)
     return 0.0 if isinstance(loss, torch._subclasses.FakeTensor) else loss.item()
 
 
