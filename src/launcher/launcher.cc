@@ -1,19 +1,18 @@
-// Steps 1-12 of a call (see docs/architecture.md): check, select devices, stage, host the
-// store, start ranks, monitor them, tear down, gather.
+// A call from its plan to its handle (docs/architecture.md, "The life of one call"): the
+// plan (call_plan.h), the call's run, its run folder and what is staged there, the store;
+// then, on the call's own thread, its ranks started as its RankProgram says, watched by the
+// Monitor, the rings read when it goes wrong, the other nodes' reports, and the results
+// gathered or the error made (call_end.h).
 #include "launcher/launcher.h"
 
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -28,22 +27,21 @@
 #include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
-#include "contract/stack_dump.h"
 #include "launcher/accounting.h"
 #include "launcher/call_end.h"
+#include "launcher/call_plan.h"
 #include "launcher/failure_table.h"
 #include "launcher/flight_recorder.h"
-#include "launcher/fork_server.h"
 #include "launcher/hang_diagnosis.h"
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
+#include "launcher/monitor.h"
 #include "launcher/node_link.h"
 #include "launcher/nodes.h"
 #include "launcher/process.h"
-#include "launcher/program.h"
+#include "launcher/rank_program.h"
 #include "launcher/rank_starter.h"
 #include "launcher/stacks.h"
-#include "launcher/symbols.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
@@ -67,9 +65,6 @@ std::filesystem::path runs_dir(const Options& options) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using WallClock = std::chrono::system_clock;
-
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
 // How long the ranks' threads have to dump their stacks, and how much of the culprit's
@@ -78,151 +73,24 @@ constexpr auto kStackLimit = std::chrono::milliseconds(1500);
 constexpr std::size_t kQuotedFrames = 24;
 constexpr std::size_t kQuotedWidth = 160;  // characters of a frame
 
-void check_options(const Options& options, bool runs_a_program) {
-  if (options.gpus < 1) {
-    throw ConfigError(contract::spell("gpus") + " must be at least 1, got " +
-                      std::to_string(options.gpus));
-  }
-  if (options.timeout && options.timeout->count() <= 0) {
-    throw ConfigError(contract::spell("timeout") + " must be positive, got " +
-                      std::to_string(options.timeout->count()) + " ms; use " +
-                      contract::spell_no_timeout() + " for no deadline");
-  }
-  if (options.hang_timeout && options.hang_timeout->count() <= 0) {
-    throw ConfigError(contract::spell("hang_timeout") + " must be positive, got " +
-                      std::to_string(options.hang_timeout->count()) + " ms; use " +
-                      contract::spell_none("hang_timeout") + " to never judge a call hung");
-  }
-  if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
-  if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
-  if (options.console_ranks) {
-    const int world = options.gpus * std::max(options.nnodes, 1);
-    for (int rank : *options.console_ranks) {
-      if (rank < 0 || rank >= world) {
-        throw ConfigError(contract::spell("console_ranks") + " names rank " + std::to_string(rank) +
-                          " but the call has " + std::to_string(world) + " ranks (0 to " +
-                          std::to_string(world - 1) + ")");
-      }
-    }
-  }
-  if (!runs_a_program && program_args().empty()) {
-    throw ConfigError(
-        "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
-        "runs this binary again and starts there");
-  }
-  if (started_as_rank() || started_as("worker")) {
-    throw ConfigError("a distributed call was made inside a rank; nested calls are not supported");
-  }
-}
-
-// A program as execvp would find it: a path with a '/', else the first match on PATH. A
-// ConfigError naming it, before anything starts, when there is none to run.
-void check_runnable(const std::string& program) {
-  const auto runnable = [](const std::filesystem::path& path) {
-    std::error_code ec;
-    return std::filesystem::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
-  };
-  if (program.find('/') != std::string::npos) {
-    if (runnable(program)) return;
-    throw ConfigError(
-        "cannot run \"" + program + "\": " +
-        (std::filesystem::exists(program) ? "it is not an executable file" : "no such file"));
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    const auto colon = dirs.find(':');
-    const std::string_view dir = dirs.substr(0, colon);
-    if (runnable(std::filesystem::path(dir.empty() ? "." : std::string(dir)) / program)) return;
-    if (colon == std::string_view::npos) break;
-    dirs.remove_prefix(colon + 1);
-  }
-  throw ConfigError("cannot run \"" + program +
-                    "\": no executable of that name on PATH; give its path, or check the name");
-}
-
-// Durations past kLongestDuration (a C++ caller's std::chrono::milliseconds::max(), say)
-// as what they mean: no deadline for a timeout, the longest wait for a duration. Deadlines
-// are now + duration in the clocks' nanoseconds, which the rest would overflow.
-Options within_the_clocks(Options options) {
-  const auto longest = kLongestDuration;
-  for (Timeout* timeout : {&options.timeout, &options.hang_timeout}) {
-    if (*timeout && **timeout > longest) *timeout = kNoTimeout;
-  }
-  options.teardown_grace = std::min(options.teardown_grace, longest);
-  options.rdzv_timeout = std::min(options.rdzv_timeout, longest);
-  return options;
-}
-
-// Options::hang_timeout, unless SGPU_HANG_TIMEOUT (seconds, or none) says otherwise.
-Timeout hang_timeout_of(const Options& options) {
-  const char* env = std::getenv("SGPU_HANG_TIMEOUT");
-  if (env == nullptr || *env == '\0') return options.hang_timeout;
-  const std::string given = std::string("SGPU_HANG_TIMEOUT=") + env;
-  try {
-    const Timeout timeout = parse_timeout(env);
-    if (!timeout || timeout->count() > 0) return timeout;
-  } catch (const std::exception&) {
-  }
-  throw ConfigError(given + " is not a hang timeout: give positive seconds, or none");
-}
-
-std::filesystem::path make_run_dir(const Options& options) {
-  static std::atomic<unsigned> counter{0};
-  const std::filesystem::path root = runs_dir(options);
-  std::error_code ec;
-  std::filesystem::create_directories(root, ec);
-  if (ec) throw ConfigError("cannot create the runs folder " + root.string() + ": " + ec.message());
-  const std::time_t now = WallClock::to_time_t(WallClock::now());
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-  const std::filesystem::path dir = root / (std::string(stamp) + "-" + std::to_string(::getpid()) +
-                                            "-" + std::to_string(counter.fetch_add(1)));
-  if (::mkdir(dir.c_str(), 0700) != 0) {
-    throw ConfigError("cannot create the run folder " + dir.string() + ": " + std::strerror(errno));
-  }
-  return dir;
-}
-
-// What a call's ranks run: the caller's function (this binary), a program (sgpu run), or
-// a worker program that speaks the record protocol (WorkerCall).
-enum class CallKind { kFunction, kProgram, kWorker };
-
-struct RankSlot {
-  int rank = 0;        // global: node_rank * gpus + local_rank
-  int local_rank = 0;  // on this node
-  int device_index = 0;
-  pid_t pid = 0;
-  std::unique_ptr<LogStream> out;
-  std::unique_ptr<LogStream> err;
-  std::optional<ExitStatus> exit;
-  WallClock::time_point exit_time;
-  bool exited_in_teardown = false;
-  bool timed_out = false;
-  contract::RankFolder folder;  // rank-<N>/
-};
-
-class CallImpl final : public detail::Call {
+class CallImpl final : public detail::Call, private MonitorHooks {
  public:
-  // `spec`: a program's or worker's call (WorkerCall's fields; a program's has only its
-  // command); empty for a function's.
-  CallImpl(CallKind kind, Options options, serialize::CallRecord record, WorkerCall spec,
-           std::string backend_name, std::vector<std::string> backend_env,
-           backend::Selection selection, std::filesystem::path run_dir,
-           std::unique_ptr<tracking::CallRun> tracking, Timeout hang_timeout,
+  // `front`: where the console goes and which signals cancel the call (WorkerCall's
+  // console and caught_signals; a function's and a program's have the defaults).
+  CallImpl(CallPlan plan, std::unique_ptr<RankProgram> program, const WorkerCall& front,
+           std::filesystem::path run_dir, std::unique_ptr<tracking::CallRun> tracking,
            std::unique_ptr<NodeLink> link)
-      : kind_(kind),
-        options_(std::move(options)),
-        record_(std::move(record)),
-        spec_(std::move(spec)),
-        backend_name_(std::move(backend_name)),
-        backend_env_(std::move(backend_env)),
-        selection_(std::move(selection)),
+      : program_(std::move(program)),
+        options_(std::move(plan.options)),
+        console_(front.console),
+        caught_signals_(front.caught_signals),
+        backend_name_(std::move(plan.backend)),
+        backend_env_(std::move(plan.backend_env)),
+        selection_(std::move(plan.selection)),
+        method_(plan.method),
         run_dir_(std::move(run_dir)),
         tracking_(std::move(tracking)),
-        hang_timeout_(options_.recorder_entries > 0 ? hang_timeout : kNoTimeout),
+        hang_timeout_(plan.hang_timeout),
         tracking_link_(tracking_ ? tracking_->link() : std::string()),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
         link_(std::move(link)),
@@ -236,18 +104,9 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  void start(StartMethod method) {
-    if (kind_ == CallKind::kWorker && method == StartMethod::kForkServer) {
-      // Ranks that serve cuda on sim fork from a server that prepared it (its own server:
-      // the command differs).
-      std::vector<std::string> command = spec_.fork_server;
-      if (backend::find_backend(backend_name_).serves_cuda(options_)) {
-        command.push_back("--cuda-on-sim");
-      }
-      starter_ = make_fork_server_starter(command);
-    } else {
-      starter_ = make_starter(method);
-    }
+  void start() {
+    starter_ =
+        program_->starter(method_, backend::find_backend(backend_name_).serves_cuda(options_));
     // Several nodes meet at node 0's store (NodeLink hosts it); one node at its own.
     if (!link_) store_ = std::make_unique<rendezvous::HostStore>("127.0.0.1");
     thread_ = std::thread([this] { monitor(); });
@@ -336,7 +195,7 @@ class CallImpl final : public detail::Call {
   }
 
   // True when some rank has been in one collective longer than the hang timeout.
-  bool hung() const {
+  bool hung() override {
     if (!hang_timeout_) return false;
     const auto longest = longest_in_flight(rank_views());
     if (!longest) return false;
@@ -354,7 +213,7 @@ class CallImpl final : public detail::Call {
         std::chrono::duration_cast<std::chrono::nanoseconds>(WallClock::now().time_since_epoch())
             .count();
     const std::vector<RankView> views = rank_views();
-    const Diagnosis d = diagnose(views, now);
+    const Diagnosis d = launcher::diagnose(views, now);
     collectives_.verdict = d.verdict;
     collectives_.culprits = d.culprits;
     collectives_.table = d.table;
@@ -376,18 +235,12 @@ class CallImpl final : public detail::Call {
   }
 
   // Every live rank's stacks (NOTE [Stack dumps]) into the run folder's stacks.txt, and
-  // the first live culprit's main thread for the error. A program's rank is asked through
-  // its program, when that is a Python program that armed its dumps (import sgpu): its
-  // supervisor only waits, and another program would die of the signal.
+  // the first live culprit's main thread for the error, where the ranks' kind allows.
   void take_rank_stacks() {
     std::vector<StackTarget> targets;
     for (const RankSlot& slot : slots_) {
       if (slot.pid <= 0 || slot.exit) continue;
-      if (kind_ != CallKind::kProgram) {
-        targets.push_back({slot.rank, slot.pid, slot.folder.dir, kind_ == CallKind::kWorker});
-      } else if (const pid_t program = armed_program(slot); program > 0) {
-        targets.push_back({slot.rank, program, slot.folder.dir, true});
-      }
+      if (auto target = program_->stack_target(slot)) targets.push_back(std::move(*target));
     }
     if (targets.empty()) return;
     const std::vector<RankStacks> stacks = take_stacks(targets, kStackLimit);
@@ -410,20 +263,11 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  // The pid of the program `slot`'s supervisor runs, once it has armed its stack dumps and
-  // while it is that supervisor's child; 0 otherwise.
-  static pid_t armed_program(const RankSlot& slot) {
-    std::ifstream in(contract::program_pid_file(slot.folder.dir));
-    pid_t pid = 0;
-    if (!(in >> pid) || pid <= 0) return 0;
-    return live_parent(pid) == slot.pid ? pid : 0;
-  }
-
   // What the call's error is made of (call_end.h), for `outcome`.
   CallEnd call_end(Outcome outcome, std::string reason) const {
     CallEnd end;
     end.outcome = outcome;
-    end.label = function_label();
+    end.label = program_->label();
     end.world_size = world_size();
     end.nnodes = nodes_.several() ? nodes_.nnodes : 1;
     end.rows = all_rows();
@@ -439,10 +283,6 @@ class CallImpl final : public detail::Call {
     return end;
   }
   int world_size() const { return options_.gpus * nodes_.nnodes; }
-  std::string function_label() const {
-    if (kind_ == CallKind::kProgram) return spec_.command.front();
-    return record_.function_name.empty() ? "the distributed function" : record_.function_name;
-  }
 
   // The caller's environment with the rank's variables set over it; a variable the
   // caller has under one of those names (a caller that is itself a torchrun worker, say)
@@ -458,9 +298,7 @@ class CallImpl final : public detail::Call {
     rank.group_world_size = nodes_.nnodes;
     rank.master_addr = link_ ? nodes_.host : store_->host();
     rank.master_port = link_ ? nodes_.port : store_->port();
-    rank.role = kind_ == CallKind::kFunction  ? "rank"
-                : kind_ == CallKind::kProgram ? "program"
-                                              : "worker";
+    rank.role = program_->role();
     rank.call_file = contract::RunFolder{run_dir_}.call();
     rank.rank_dir = slot.folder.dir;
     rank.device_index = slot.device_index;
@@ -475,10 +313,7 @@ class CallImpl final : public detail::Call {
                 {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
                  {"TORCHELASTIC_RESTART_COUNT", "0"},
                  {"TORCHELASTIC_RUN_ID", link_ ? nodes_.id : run_dir_.filename().string()}});
-    // Where a program's @record (torch.distributed.elastic) writes the rank's error.
-    if (kind_ == CallKind::kProgram) {
-      vars.emplace_back("TORCHELASTIC_ERROR_FILE", slot.folder.torchelastic_error().string());
-    }
+    program_->add_environment(slot, vars);
     for (auto& var :
          tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment()) {
       vars.push_back(std::move(var));
@@ -530,20 +365,15 @@ class CallImpl final : public detail::Call {
       std::filesystem::create_directory(slot.folder.dir);
       Pipe out = make_pipe();
       Pipe err = make_pipe();
-      SpawnRequest request;
-      // A program's ranks start as this binary in the program role, which arms the
-      // parent-death signal and then becomes the program (launcher/rank_main.h); a
-      // worker's are the worker program, which does that itself.
-      request.program = kind_ == CallKind::kWorker ? spec_.command.front() : "/proc/self/exe";
-      request.argv = kind_ == CallKind::kFunction ? program_args() : spec_.command;
+      SpawnRequest request = program_->spawn();
       request.env = rank_env(slot);
       request.stdout_fd = out.write.get();
       request.stderr_fd = err.write.get();
       slot.pid = starter_->start(request);
       const bool console = shows_on_console(rank);
-      if (console && spec_.console) {
+      if (console && console_) {
         const auto to = [this](int stream) {
-          return [this, stream](std::string_view line) { spec_.console(stream, line); };
+          return [this, stream](std::string_view line) { console_(stream, line); };
         };
         slot.out = std::make_unique<LogStream>(std::move(out.read), rank, slot.folder.stdout_log(),
                                                to(STDOUT_FILENO));
@@ -558,204 +388,45 @@ class CallImpl final : public detail::Call {
     }
   }
 
-  RankSlot* slot_of(pid_t pid) {
-    for (RankSlot& slot : slots_) {
-      if (slot.pid == pid) return &slot;
-    }
-    return nullptr;
-  }
+  bool exited_ok(const RankSlot& slot) const override { return program_->exited_ok(slot); }
 
-  // A rank that exits on its own is a failure unless it exited 0 with its result written.
-  bool exited_ok(const RankSlot& slot) const {
-    if (kind_ == CallKind::kProgram) return slot.exit->exit_code == 0;
-    return slot.exit->exit_code == 0 && std::filesystem::exists(slot.folder.result());
-  }
+  void diagnose(Outcome why) override { diagnose_collectives(why); }
 
-  // NOTE [The monitor's phases]
-  // A call's monitor loop moves through these phases in order, skipping the ones it does
-  // not need; `phase_` is the one it is in and `phase_until_` when that phase's wait ends.
-  //   kRunning      the ranks run and their output streams. The first failure of a rank of
-  //                 its own, the deadline, cancel() or a signal decides the Outcome and
-  //                 sends SIGTERM to every live rank's group: kTerminating.
-  //   kTerminating  until teardown_grace has passed; then SIGKILL to what is left: kKilling.
-  //   kKilling      until the kernel reports the last exit.
-  //   kDraining     every rank has exited, in whatever phase (a call that succeeds comes
-  //                 straight from kRunning): every group gets SIGKILL once, since what the
-  //                 ranks started may still hold their output open, and output is read
-  //                 until it closes or kDrainLimit has passed: kDone.
-  enum class Phase { kRunning, kTerminating, kKilling, kDraining, kDone };
+  std::optional<std::string> peer_failure() override { return link_->poll(); }
 
-  void enter(Phase phase, Clock::time_point until = Clock::time_point::max()) {
-    phase_ = phase;
-    phase_until_ = until;
-  }
-
-  void begin_teardown(Clock::time_point now) {
-    if (phase_ != Phase::kRunning) return;
-    teardown_began_ = WallClock::now();
-    enter(Phase::kTerminating, now + options_.teardown_grace);
-    for (RankSlot& slot : slots_) {
-      if (slot.pid > 0 && !slot.exit) signal_group(slot.pid, SIGTERM);
-    }
-  }
-
-  bool all_ranks_exited() const {
-    return std::all_of(slots_.begin(), slots_.end(),
-                       [](const RankSlot& s) { return s.pid == 0 || s.exit.has_value(); });
-  }
-
-  bool output_open() const {
-    return std::any_of(slots_.begin(), slots_.end(), [](const RankSlot& s) {
-      return (s.out && s.out->open()) || (s.err && s.err->open());
-    });
+  void tell_peers(const Verdict& verdict) override {
+    link_->post_failure(node_failure(verdict.outcome, verdict.reason));
   }
 
   void monitor() {
-    const InterruptScope interrupts(spec_.caught_signals);
-    Outcome outcome = Outcome::kRunning;
-    std::string start_error;
-    std::string cancel_reason;
+    const InterruptScope interrupts(caught_signals_);
+    Monitor monitor(*starter_, slots_, *this, cancel_fd_.get(), interrupts);
     try {
       start_ranks();
     } catch (const std::exception& e) {
-      outcome = Outcome::kStartFailed;
-      start_error = e.what();
-      begin_teardown(Clock::now());
+      monitor.start_failed(e.what());
     }
-    const Clock::time_point deadline =
-        options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
+    Deadlines deadlines;
+    if (options_.timeout) deadlines.call = Clock::now() + *options_.timeout;
     // The hang watchdog looks at the rings this often.
-    const auto watch_every = hang_timeout_ ? std::clamp<Clock::duration>(
-                                                 *hang_timeout_ / 4, std::chrono::milliseconds(50),
-                                                 std::chrono::seconds(1))
-                                           : Clock::duration::max();
-    Clock::time_point next_watch =
-        hang_timeout_ ? Clock::now() + watch_every : Clock::time_point::max();
-    while (true) {
-      Clock::time_point now = Clock::now();
-      if (phase_ < Phase::kDraining && all_ranks_exited()) {
-        if (outcome == Outcome::kRunning) outcome = Outcome::kSucceeded;
-        for (RankSlot& slot : slots_) {
-          if (slot.pid > 0) signal_group(slot.pid, SIGKILL);
-        }
-        enter(Phase::kDraining, now + kDrainLimit);
-      }
-      if (phase_ == Phase::kDraining && (!output_open() || now >= phase_until_)) {
-        enter(Phase::kDone);
-        break;
-      }
-
-      std::vector<pollfd> fds;
-      fds.push_back({cancel_fd_.get(), POLLIN, 0});
-      // The signal fd stays readable once a signal came, so it is watched only while the
-      // call runs, and not once the signal that came is one this call leaves to the caller
-      // (caught by another call in this process that catches more).
-      const int pending = InterruptScope::pending_signal();
-      const bool watch_signals =
-          phase_ == Phase::kRunning && (pending == 0 || interrupts.catches(pending));
-      fds.push_back({watch_signals ? InterruptScope::event_fd() : -1, POLLIN, 0});
-      for (RankSlot& slot : slots_) {
-        if (slot.out && slot.out->open()) fds.push_back({slot.out->fd(), POLLIN, 0});
-        if (slot.err && slot.err->open()) fds.push_back({slot.err->fd(), POLLIN, 0});
-      }
-      starter_->add_poll_fds(fds);
-      const Clock::time_point wake =
-          phase_ == Phase::kRunning ? std::min(deadline, next_watch) : phase_until_;
-      int timeout_ms = -1;
-      if (wake != Clock::time_point::max()) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
-        timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, 60'000));
-      }
-      // The other nodes hear from this one, and it from them, every 100 ms.
-      if (link_ && (timeout_ms < 0 || timeout_ms > 100)) timeout_ms = 100;
-      ::poll(fds.data(), fds.size(), timeout_ms);
-      now = Clock::now();
-
-      for (RankSlot& slot : slots_) {
-        if (slot.out) slot.out->pump();
-        if (slot.err) slot.err->pump();
-      }
-      for (const RankExit& exit : starter_->collect_exits()) {
-        RankSlot* slot = slot_of(exit.pid);
-        if (slot == nullptr || slot->exit) continue;
-        slot->exit = exit.status;
-        slot->exit_time = WallClock::now();
-        slot->exited_in_teardown = teardown_began_.has_value();
-        if (phase_ == Phase::kRunning && !exited_ok(*slot)) {
-          outcome = Outcome::kRankFailed;
-          diagnose_collectives(outcome);
-          begin_teardown(now);
-        }
-      }
-      if (phase_ == Phase::kRunning && (fds[0].revents & POLLIN)) {
-        outcome = Outcome::kCancelled;
-        cancel_reason = "cancelled";
-        begin_teardown(now);
-      }
-      if (phase_ == Phase::kRunning && interrupts.catches(InterruptScope::pending_signal())) {
-        outcome = Outcome::kCancelled;
-        cancel_reason = "interrupted by " + signal_name(InterruptScope::pending_signal());
-        begin_teardown(now);
-      }
-      if (phase_ == Phase::kRunning && now >= deadline) {
-        outcome = Outcome::kTimedOut;
-        for (RankSlot& slot : slots_) slot.timed_out = !slot.exit.has_value();
-        diagnose_collectives(outcome);
-        begin_teardown(now);
-      }
-      if (phase_ == Phase::kRunning && now >= next_watch) {
-        next_watch = now + watch_every;
-        if (hung()) {
-          outcome = Outcome::kHung;
-          diagnose_collectives(outcome);
-          begin_teardown(now);
-        }
-      }
-      if (link_) {
-        std::optional<std::string> elsewhere = link_->poll();
-        if (phase_ == Phase::kRunning && elsewhere) {
-          outcome = Outcome::kPeerFailed;
-          cancel_reason = std::move(*elsewhere);
-          begin_teardown(now);
-        } else if (phase_ != Phase::kRunning && outcome != Outcome::kPeerFailed &&
-                   outcome != Outcome::kSucceeded) {
-          link_->post_failure(node_failure(outcome, cancel_reason, start_error));
-        }
-      }
-      if (phase_ == Phase::kTerminating && now >= phase_until_) {
-        for (RankSlot& slot : slots_) {
-          if (slot.pid > 0 && !slot.exit) {
-            // While the rank lives, what it started (a daemon in a session of its own too)
-            // is in its tree, a child subreaper's; once it dies, that would be orphaned.
-            kill_descendants(slot.pid);
-            signal_group(slot.pid, SIGKILL);
-          }
-        }
-        enter(Phase::kKilling);
-      }
+    if (hang_timeout_) {
+      deadlines.watch_every = std::clamp<Clock::duration>(
+          *hang_timeout_ / 4, std::chrono::milliseconds(50), std::chrono::seconds(1));
     }
-    // Final sweep: every group (grandchildren included) is gone before the zombies are
-    // reaped, so no process group id can have been reused.
-    for (RankSlot& slot : slots_) {
-      if (slot.pid > 0) signal_group(slot.pid, SIGKILL);
-    }
-    starter_->release();
-    for (RankSlot& slot : slots_) {
-      if (slot.out) slot.out->close();
-      if (slot.err) slot.err->close();
-    }
+    // The other nodes hear from this one, and it from them, every 100 ms.
+    if (link_) deadlines.peers_every = std::chrono::milliseconds(100);
+    verdict_ = monitor.run(deadlines, TeardownPlan{options_.teardown_grace, kDrainLimit});
     // A node that joined node 0's run sends its ranks' spools there before node 0, which
     // waits for every node's report, can end it.
-    if (tracking_ && tracking_->joined()) end_tracking(outcome);
-    if (link_) exchange_reports(outcome, cancel_reason);
+    if (tracking_ && tracking_->joined()) end_tracking(verdict_.outcome);
+    if (link_) exchange_reports(verdict_);
     store_.reset();  // its port is closed before anyone sees the call end
-    end_tracking(outcome);
-    finish(outcome, start_error, cancel_reason);
+    end_tracking(verdict_.outcome);
+    finish();
   }
 
   // What the other nodes are told when this one fails first.
-  std::string node_failure(Outcome outcome, const std::string& cancel_reason,
-                           const std::string& start_error) const {
+  std::string node_failure(Outcome outcome, const std::string& reason) const {
     std::string what;
     switch (outcome) {
       case Outcome::kRankFailed:
@@ -776,10 +447,10 @@ class CallImpl final : public detail::Call {
         what = "hung: " + collectives_.verdict;
         break;
       case Outcome::kCancelled:
-        what = cancel_reason;
+        what = reason;
         break;
       case Outcome::kStartFailed:
-        what = "could not start its ranks: " + start_error;
+        what = "could not start its ranks: " + reason;
         break;
       default:
         what = "failed";
@@ -791,13 +462,15 @@ class CallImpl final : public detail::Call {
   // after a success here, for the nodes still running). A success here is the launch's
   // failure when another node failed or went away. A distributed function's results
   // travel with the reports: every node's call returns every rank's, in global rank order.
-  void exchange_reports(Outcome& outcome, std::string& cancel_reason) {
+  void exchange_reports(Verdict& verdict) {
+    Outcome& outcome = verdict.outcome;
+    std::string& cancel_reason = verdict.reason;
     serialize::NodeReport mine;
     mine.node_rank = nodes_.node_rank;
     mine.host = node_host_;
     mine.run_dir = run_dir_;
     for (const RankSlot& slot : slots_) mine.rows.push_back(row_for(slot));
-    const bool returns = kind_ != CallKind::kProgram && outcome == Outcome::kSucceeded;
+    const bool returns = program_->returns_results() && outcome == Outcome::kSucceeded;
     std::vector<std::string> mine_results;
     std::optional<std::string> published;
     if (returns) {
@@ -950,17 +623,14 @@ class CallImpl final : public detail::Call {
       row.exit_code = slot.exit->exit_code;
       row.signal = slot.exit->signal;
     }
-    auto record = serialize::read_error_record(slot.folder.error());
-    if (!record && kind_ == CallKind::kProgram) {
-      record = serialize::read_torchelastic_error(slot.folder.torchelastic_error());
-    }
+    const auto record = program_->error_record(slot);
     // When it went down without a record (NOTE [Abrupt ends]).
     const auto abrupt_end = contract::read_abrupt_end(slot.folder.abrupt_end());
     if (abrupt_end && !record) row.time = *abrupt_end;
     // A rank whose own failure was recorded (or noted) before teardown began failed in its
     // own right, even when its exit was seen only after.
     const auto before_teardown = [&](WallClock::time_point time) {
-      return !teardown_began_ || time < *teardown_began_;
+      return !verdict_.teardown_began || time < *verdict_.teardown_began;
     };
     const bool failed_before_teardown =
         slot.exit &&
@@ -988,15 +658,16 @@ class CallImpl final : public detail::Call {
     return row;
   }
 
-  void finish(Outcome outcome, const std::string& start_error, const std::string& cancel_reason) {
+  void finish() {
+    const Outcome outcome = verdict_.outcome;
     std::vector<std::string> results;
-    CallEnd end = call_end(outcome, outcome == Outcome::kStartFailed ? start_error : cancel_reason);
+    CallEnd end = call_end(outcome, verdict_.reason);
     // A fault that ends its rank, planned but never acted, cannot end in success.
     if (outcome == Outcome::kSucceeded) {
       end.unacted = backend::find_backend(backend_name_).ending_faults(options_);
     }
     std::exception_ptr error = error_of(end);  // none: a success, whose results are read
-    if (!error && kind_ == CallKind::kProgram) {
+    if (!error && !program_->returns_results()) {
       results.assign(slots_.size(), std::string());
     } else if (!error && gathered_) {
       results = std::move(*gathered_);  // every node's, from exchange_reports()
@@ -1027,16 +698,15 @@ class CallImpl final : public detail::Call {
       compute.push_back(
           serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
-    // A program's lines only when it ran in shape-only compute, whose figures are the point.
     const bool shapes = std::any_of(compute.begin(), compute.end(),
                                     [](const ComputeStats& c) { return !c.ops.empty(); });
-    if ((kind_ != CallKind::kProgram || shapes) && any_rank_on_console()) {
+    if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
       for (const std::string& line :
            {comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
         if (line.empty()) continue;
-        if (spec_.console) {
-          spec_.console(STDERR_FILENO, line);
+        if (console_) {
+          console_(STDERR_FILENO, line);
         } else {
           std::cerr << line << std::flush;
         }
@@ -1054,13 +724,14 @@ class CallImpl final : public detail::Call {
     finished_cv_.notify_all();
   }
 
-  const CallKind kind_;
+  const std::unique_ptr<RankProgram> program_;  // what the ranks run
   const Options options_;
-  const serialize::CallRecord record_;
-  const WorkerCall spec_;  // a program's or worker's call: what each rank runs, and how
+  const ConsoleSink console_;  // unset: the caller's fds 1 and 2
+  const CaughtSignals caught_signals_;
   const std::string backend_name_;
   const std::vector<std::string> backend_env_;
   const backend::Selection selection_;
+  const StartMethod method_;
   const std::filesystem::path run_dir_;
   std::unique_ptr<tracking::CallRun> tracking_;  // released once its run is ended
   const Timeout hang_timeout_;                   // nullopt: never judged hung
@@ -1078,9 +749,7 @@ class CallImpl final : public detail::Call {
   std::optional<std::vector<std::string>> gathered_;  // several nodes: every rank's result
   bool node0_reported_ = true;  // false: node 0 sent no report, it shows nothing
   std::vector<RankSlot> slots_;
-  Phase phase_ = Phase::kRunning;  // NOTE [The monitor's phases]
-  Clock::time_point phase_until_ = Clock::time_point::max();
-  std::optional<WallClock::time_point> teardown_began_;
+  Verdict verdict_;  // the monitor's, once the ranks are gone
   std::thread thread_;
 
   std::mutex mutex_;
@@ -1093,95 +762,34 @@ class CallImpl final : public detail::Call {
   std::exception_ptr error_;
 };
 
-std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& options,
-                                            serialize::CallRecord record, WorkerCall spec,
-                                            std::unique_ptr<NodeLink> link) {
-  // A node whose own checks fail tells the others before it throws.
-  const auto refuse = [&](const std::exception& e) {
-    if (link) link->agree(e.what());
-  };
-  Timeout hang_timeout;
-  StartMethod method = StartMethod::kExec;
-  const backend::Backend* chosen_backend = nullptr;
-  backend::Inventory inventory;
-  backend::Selection selection;
-  std::vector<std::string> backend_env;
-  try {
-    hang_timeout = hang_timeout_of(options);
-    // The fork server forks this binary; a program's ranks are other binaries, and a
-    // worker's come from its own server when it has one.
-    const bool forks = kind == CallKind::kFunction || !spec.fork_server.empty();
-    method = forks ? launcher::resolve_start_method(options) : StartMethod::kExec;
-    chosen_backend = &backend::choose_backend(options);
-    inventory = chosen_backend->inventory(options);
-    selection =
-        backend::select_devices(inventory, options.gpus, options.gpu_type, chosen_backend->name());
-    backend_env = chosen_backend->rank_environment(options);
-    // Shapes without data are Python's, whose tensors can be fake ones: a C++ function's
-    // ranks would compute on nothing and move nothing. A program's rank checks at its end
-    // that the program ran in shapes (NOTE [A program's supervisor]).
-    const std::string shapes = std::string(contract::kSimComputeVar) + "=shapes";
-    if (kind == CallKind::kFunction &&
-        std::find(backend_env.begin(), backend_env.end(), shapes) != backend_env.end()) {
-      throw ConfigError(contract::spell("sim_compute", "shapes") +
-                        " is for Python code (the decorator's ranks, or a Python program under "
-                        "sgpu run, whose tensors can be fake ones); a C++ function's ranks "
-                        "compute on data: leave it \"values\"");
-    }
-    if (const std::size_t size = std::max(record.args.size(), spec.payload.size());
-        size > options.max_payload_bytes) {
-      throw ConfigError("the arguments take " + std::to_string(size) +
-                        " bytes serialized, over max_payload_bytes (" +
-                        std::to_string(options.max_payload_bytes) +
-                        "); raise the limit, or load large data inside the function");
-    }
-  } catch (const Error& e) {
-    refuse(e);
-    throw;
-  }
-  const backend::Backend& chosen = *chosen_backend;
-  if (link) link->agree("");  // every node can serve the launch, or this throws
-  record.max_payload_bytes = options.max_payload_bytes;
-  // 4. tracking: the call's run exists before any rank starts.
-  tracking::CallRunRequest run_request;
-  // One run per launch: node 0's (the others join it below).
-  run_request.tracking = options.tracking && options.node_rank <= 0;
-  run_request.tracking_uri = options.tracking_uri;
-  run_request.experiment = options.experiment;
-  run_request.gpus = options.gpus;
-  run_request.nnodes = std::max(options.nnodes, 1);
-  run_request.timeout = options.timeout;
-  run_request.backend = std::string(chosen.name());
-  run_request.gpu_type = selection.gpu_type;
-  run_request.program = kind == CallKind::kProgram;
-  run_request.parent_run_id = spec.parent_run_id;
-  // The run's name: Options::name, else the function's plain name or the program's
-  // (`python train.py` is train.py), never a signature; the function param keeps it all.
-  run_request.run_name = options.name;
-  if (kind == CallKind::kProgram) {
-    for (const std::string& word : spec.command) {
-      run_request.function_name += (run_request.function_name.empty() ? "" : " ") + word;
-    }
-    if (run_request.run_name.empty()) run_request.run_name = program_run_name(spec.command);
-  } else if (!record.function_name.empty()) {
-    run_request.function_name = record.function_name;
-    if (run_request.run_name.empty()) run_request.run_name = plain_name(record.function_name);
-  } else {
-    // A function the binary keeps no name for (a stripped static one): its type.
-    run_request.function_name = "a function of type " + demangle(record.signature);
-    if (run_request.run_name.empty() && !program_args().empty()) {
-      run_request.run_name = program_run_name({program_args().front()});  // the binary's name
-    }
-  }
-  run_request.sim_node = inventory.sim_spec;
+// Step 4: the call's run exists before any rank starts: one run per launch, node 0's,
+// which the other nodes' ranks log into.
+std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const RankProgram& program,
+                                                  const std::string& parent_run_id,
+                                                  NodeLink* link) {
+  const Options& options = plan.options;
+  tracking::CallRunRequest request;
+  request.tracking = options.tracking && options.node_rank <= 0;
+  request.tracking_uri = options.tracking_uri;
+  request.experiment = options.experiment;
+  request.gpus = options.gpus;
+  request.nnodes = std::max(options.nnodes, 1);
+  request.timeout = options.timeout;
+  request.backend = plan.backend;
+  request.gpu_type = plan.selection.gpu_type;
+  request.parent_run_id = parent_run_id;
+  request.sim_node = plan.sim_node;
+  // The run's name: Options::name, else the function's plain name or the program's, never
+  // a signature; the function param keeps it all.
+  request.run_name = options.name;
+  program.name_run(request);
   std::unique_ptr<tracking::CallRun> tracking;
   try {
-    tracking = tracking::CallRun::begin(run_request);
+    tracking = tracking::CallRun::begin(request);
   } catch (const std::exception& e) {
     if (link) link->post_failure("node 0 cannot track the launch: " + std::string(e.what()));
     throw;
   }
-  // Over several nodes the launch is node 0's run; the other nodes' ranks log into it.
   if (link && options.node_rank == 0) {
     const auto shared = tracking ? tracking->shared() : tracking::CallRun::Shared{};
     link->share_run(shared.run_id.empty()
@@ -1195,28 +803,41 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
     std::getline(run, shared.run_id);
     tracking = tracking::CallRun::join(options.tracking, shared);
   }
+  return tracking;
+}
+
+std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const Options& given,
+                                    const WorkerCall& front = {}) {
+  // This node's place (NOTE [Several nodes]); the options carry it from here on.
+  const NodePlan nodes = plan_nodes(given);
+  Options options = resolve_options(given, nodes);
+  // Over several nodes every node reaches node 0's store before anything else, so that
+  // a node that cannot serve the launch stops all of them before any rank starts.
+  std::unique_ptr<NodeLink> link;
+  if (nodes.several()) link = std::make_unique<NodeLink>(nodes, options.gpus, options.rdzv_timeout);
+  CallPlan plan;
   try {
-    const std::filesystem::path run_dir = launcher::make_run_dir(options);
+    plan = plan_call(std::move(options), *program);
+  } catch (const Error& e) {
+    if (link) link->agree(e.what());  // a node whose own checks fail tells the others
+    throw;
+  }
+  if (link) link->agree("");  // every node can serve the launch, or this throws
+  std::unique_ptr<tracking::CallRun> tracking =
+      begin_tracking(plan, *program, front.parent_run_id, link.get());
+  try {
+    const std::filesystem::path run_dir = make_run_dir(plan.options);
     if (tracking) tracking->hold_in_flight(run_dir);  // ended KILLED should this process die
     try {
-      if (kind == CallKind::kFunction) {
-        serialize::write_record_file(contract::RunFolder{run_dir}.call(),
-                                     serialize::RecordKind::kCall, serialize::to_bytes(record));
-      } else if (kind == CallKind::kWorker) {
-        serialize::write_record_file(contract::RunFolder{run_dir}.call(),
-                                     serialize::RecordKind::kWorkerCall, spec.payload);
-      }
+      program->stage(contract::RunFolder{run_dir}, plan.options.max_payload_bytes);
     } catch (const std::system_error& e) {  // a full or read-only runs folder, say
       throw Error("cannot stage the call in its run folder: " + std::string(e.what()) +
                   "; free space there, or put run folders elsewhere (" +
                   contract::spell("runs_dir") + ", SGPU_RUNS_DIR)");
     }
-    spec.payload.clear();  // staged: the ranks read it from call.bin
-    auto call = std::make_shared<launcher::CallImpl>(
-        kind, options, std::move(record), std::move(spec), std::string(chosen.name()),
-        std::move(backend_env), std::move(selection), run_dir, std::move(tracking), hang_timeout,
-        std::move(link));
-    call->start(method);
+    auto call = std::make_shared<CallImpl>(std::move(plan), std::move(program), front, run_dir,
+                                           std::move(tracking), std::move(link));
+    call->start();
     return call;
   } catch (...) {
     if (tracking) tracking->end(tracking::RunStatus::kFailed, {});
@@ -1224,35 +845,17 @@ std::shared_ptr<detail::Call> start_checked(CallKind kind, const Options& option
   }
 }
 
-std::shared_ptr<detail::Call> start(CallKind kind, const Options& given,
-                                    serialize::CallRecord record, WorkerCall spec = {}) {
-  const bool runs_a_program = kind != CallKind::kFunction;
-  // This node's place (NOTE [Several nodes]); the options carry it from here on.
-  const NodePlan nodes = plan_nodes(given);
-  Options options = within_the_clocks(given);
-  options.nnodes = nodes.nnodes;
-  options.node_rank = nodes.node_rank;
-  launcher::check_options(options, runs_a_program);
-  // Over several nodes every node reaches node 0's store before anything else, so that
-  // a node that cannot serve the launch stops all of them before any rank starts.
-  std::unique_ptr<NodeLink> link;
-  if (nodes.several()) link = std::make_unique<NodeLink>(nodes, options.gpus, options.rdzv_timeout);
-  return start_checked(kind, options, std::move(record), std::move(spec), std::move(link));
-}
-
 }  // namespace
 
 std::shared_ptr<detail::Call> start_call(const Options& options, serialize::CallRecord record) {
-  return start(CallKind::kFunction, options, std::move(record), {});
+  return start(function_ranks(std::move(record)), options);
 }
 
 std::shared_ptr<detail::Call> start_program(const Options& options,
                                             std::vector<std::string> command) {
   if (command.empty()) throw ConfigError("no program to run");
   check_runnable(command.front());
-  WorkerCall spec;
-  spec.command = std::move(command);
-  return start(CallKind::kProgram, options, serialize::CallRecord{}, std::move(spec));
+  return start(program_ranks(std::move(command)), options);
 }
 
 std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call) {
@@ -1260,9 +863,8 @@ std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCa
     throw ConfigError("a worker call needs the path of the program every rank runs");
   }
   check_runnable(call.command.front());
-  serialize::CallRecord record;
-  record.function_name = call.function_name;
-  return start(CallKind::kWorker, options, std::move(record), std::move(call));
+  std::string payload = std::move(call.payload);
+  return start(worker_ranks(call, std::move(payload)), options, call);
 }
 
 }  // namespace sgpu::launcher

@@ -1,6 +1,6 @@
 // How one call's rank processes come to be, and how their exits are learned.
 //
-// Two start methods share the monitor loop in launcher.cc:
+// Two start methods share the monitor loop (monitor.h):
 //   exec         each rank is the caller's binary exec'd from the call's monitor thread;
 //                exits are seen through pidfds and peeked with waitid(WNOWAIT);
 //   fork server  each rank is forked by a warm copy of the caller's binary
@@ -10,6 +10,7 @@
 #pragma once
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -38,6 +39,14 @@ class RankStarter {
   virtual std::vector<RankExit> collect_exits() = 0;
   // Reaps every rank started (call after their groups were SIGKILLed).
   virtual void release() = 0;
+  // Sends `signal` to the rank's process group.
+  virtual void signal(pid_t pid, int signal) { signal_group(pid, signal); }
+  // SIGKILLs everything the live rank started (a daemon in a session of its own too: while
+  // the rank lives it is in its tree, a child subreaper's), then its group.
+  virtual void kill_tree(pid_t pid) {
+    kill_descendants(pid);
+    signal_group(pid, SIGKILL);
+  }
 };
 
 std::unique_ptr<RankStarter> make_exec_starter();

@@ -1,0 +1,161 @@
+#include "launcher/call_plan.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string_view>
+#include <system_error>
+
+#include "backend/backend_table.h"
+#include "contract/front_end.h"
+#include "launcher/fork_server.h"
+#include "launcher/program.h"
+#include "sgpu/errors.h"
+
+namespace sgpu::launcher {
+namespace {
+
+void check_options(const Options& options) {
+  if (options.gpus < 1) {
+    throw ConfigError(contract::spell("gpus") + " must be at least 1, got " +
+                      std::to_string(options.gpus));
+  }
+  if (options.timeout && options.timeout->count() <= 0) {
+    throw ConfigError(contract::spell("timeout") + " must be positive, got " +
+                      std::to_string(options.timeout->count()) + " ms; use " +
+                      contract::spell_no_timeout() + " for no deadline");
+  }
+  if (options.hang_timeout && options.hang_timeout->count() <= 0) {
+    throw ConfigError(contract::spell("hang_timeout") + " must be positive, got " +
+                      std::to_string(options.hang_timeout->count()) + " ms; use " +
+                      contract::spell_none("hang_timeout") + " to never judge a call hung");
+  }
+  if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
+  if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
+  if (options.console_ranks) {
+    const int world = options.gpus * std::max(options.nnodes, 1);
+    for (int rank : *options.console_ranks) {
+      if (rank < 0 || rank >= world) {
+        throw ConfigError(contract::spell("console_ranks") + " names rank " + std::to_string(rank) +
+                          " but the call has " + std::to_string(world) + " ranks (0 to " +
+                          std::to_string(world - 1) + ")");
+      }
+    }
+  }
+  if (started_as_rank() || started_as("worker")) {
+    throw ConfigError("a distributed call was made inside a rank; nested calls are not supported");
+  }
+}
+
+// Durations past kLongestDuration (a C++ caller's std::chrono::milliseconds::max(), say)
+// as what they mean: no deadline for a timeout, the longest wait for a duration. Deadlines
+// are now + duration in the clocks' nanoseconds, which the rest would overflow.
+Options within_the_clocks(Options options) {
+  const auto longest = kLongestDuration;
+  for (Timeout* timeout : {&options.timeout, &options.hang_timeout}) {
+    if (*timeout && **timeout > longest) *timeout = kNoTimeout;
+  }
+  options.teardown_grace = std::min(options.teardown_grace, longest);
+  options.rdzv_timeout = std::min(options.rdzv_timeout, longest);
+  return options;
+}
+
+// Options::hang_timeout, unless SGPU_HANG_TIMEOUT (seconds, or none) says otherwise.
+Timeout hang_timeout_of(const Options& options) {
+  const char* env = std::getenv("SGPU_HANG_TIMEOUT");
+  if (env == nullptr || *env == '\0') return options.hang_timeout;
+  const std::string given = std::string("SGPU_HANG_TIMEOUT=") + env;
+  try {
+    const Timeout timeout = parse_timeout(env);
+    if (!timeout || timeout->count() > 0) return timeout;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(given + " is not a hang timeout: give positive seconds, or none");
+}
+
+}  // namespace
+
+Options resolve_options(const Options& given, const NodePlan& nodes) {
+  Options options = within_the_clocks(given);
+  options.nnodes = nodes.nnodes;
+  options.node_rank = nodes.node_rank;
+  check_options(options);
+  return options;
+}
+
+CallPlan plan_call(Options options, const RankProgram& program) {
+  CallPlan plan;
+  plan.hang_timeout = hang_timeout_of(options);
+  // The watchdog reads the rings: ranks that keep none are never judged hung.
+  if (options.recorder_entries == 0) plan.hang_timeout = kNoTimeout;
+  // The fork server forks this binary; a program's ranks are other binaries, and a
+  // worker's come from its own server when it has one.
+  plan.method = program.forks() ? resolve_start_method(options) : StartMethod::kExec;
+  const backend::Backend& chosen = backend::choose_backend(options);
+  const backend::Inventory inventory = chosen.inventory(options);
+  plan.backend = std::string(chosen.name());
+  plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend);
+  plan.sim_node = inventory.sim_spec;
+  plan.backend_env = chosen.rank_environment(options);
+  program.check(plan.backend_env);
+  if (const std::size_t size = program.payload_bytes(); size > options.max_payload_bytes) {
+    throw ConfigError("the arguments take " + std::to_string(size) +
+                      " bytes serialized, over max_payload_bytes (" +
+                      std::to_string(options.max_payload_bytes) +
+                      "); raise the limit, or load large data inside the function");
+  }
+  plan.options = std::move(options);
+  return plan;
+}
+
+std::filesystem::path make_run_dir(const Options& options) {
+  static std::atomic<unsigned> counter{0};
+  const std::filesystem::path root = runs_dir(options);
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) throw ConfigError("cannot create the runs folder " + root.string() + ": " + ec.message());
+  const std::time_t now = WallClock::to_time_t(WallClock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  const std::filesystem::path dir = root / (std::string(stamp) + "-" + std::to_string(::getpid()) +
+                                            "-" + std::to_string(counter.fetch_add(1)));
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    throw ConfigError("cannot create the run folder " + dir.string() + ": " + std::strerror(errno));
+  }
+  return dir;
+}
+
+void check_runnable(const std::string& program) {
+  const auto runnable = [](const std::filesystem::path& path) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (runnable(program)) return;
+    throw ConfigError(
+        "cannot run \"" + program + "\": " +
+        (std::filesystem::exists(program) ? "it is not an executable file" : "no such file"));
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string_view dir = dirs.substr(0, colon);
+    if (runnable(std::filesystem::path(dir.empty() ? "." : std::string(dir)) / program)) return;
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  throw ConfigError("cannot run \"" + program +
+                    "\": no executable of that name on PATH; give its path, or check the name");
+}
+
+}  // namespace sgpu::launcher

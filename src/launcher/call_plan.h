@@ -1,0 +1,44 @@
+// Steps 1-3 of a call (docs/architecture.md, "The life of one call"): the options checked
+// and resolved, this node's place, the backend chosen, the devices selected, the hang
+// timeout and the start method settled. Nothing is started or written; a ConfigError or
+// AcceleratorMismatchError says why the call cannot be. Once made, a plan does not change.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/selection.h"
+#include "launcher/nodes.h"
+#include "launcher/rank_program.h"
+#include "sgpu/options.h"
+
+namespace sgpu::launcher {
+
+// Step 1: the options as given, their durations within the clocks, with this node's place
+// (nnodes, node_rank), checked. `nodes` is plan_nodes(given).
+Options resolve_options(const Options& given, const NodePlan& nodes);
+
+struct CallPlan {
+  Options options;  // resolve_options's
+  // When a collective is judged hung (SGPU_HANG_TIMEOUT over Options::hang_timeout);
+  // nullopt: never, as when the ranks keep no collective ring.
+  Timeout hang_timeout;
+  StartMethod method = StartMethod::kExec;
+  std::string backend;                   // its name
+  std::vector<std::string> backend_env;  // what the backend sets in every rank
+  backend::Selection selection;          // the devices, on this node
+  std::string sim_node;                  // the simulated node's spec; empty on a real one
+};
+
+// Steps 2-3 for `program`'s ranks under resolved `options`.
+CallPlan plan_call(Options options, const RankProgram& program);
+
+// A new, empty run folder of this call's under runs_dir(options).
+std::filesystem::path make_run_dir(const Options& options);
+
+// A program as execvp would find it: a path with a '/', else the first match on PATH. A
+// ConfigError naming it, before anything starts, when there is none to run.
+void check_runnable(const std::string& program);
+
+}  // namespace sgpu::launcher
