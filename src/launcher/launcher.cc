@@ -38,6 +38,7 @@
 #include "launcher/monitor.h"
 #include "launcher/node_link.h"
 #include "launcher/nodes.h"
+#include "launcher/peers.h"
 #include "launcher/process.h"
 #include "launcher/rank_program.h"
 #include "launcher/rank_starter.h"
@@ -463,14 +464,12 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   // failure when another node failed or went away. A distributed function's results
   // travel with the reports: every node's call returns every rank's, in global rank order.
   void exchange_reports(Verdict& verdict) {
-    Outcome& outcome = verdict.outcome;
-    std::string& cancel_reason = verdict.reason;
     serialize::NodeReport mine;
     mine.node_rank = nodes_.node_rank;
     mine.host = node_host_;
     mine.run_dir = run_dir_;
     for (const RankSlot& slot : slots_) mine.rows.push_back(row_for(slot));
-    const bool returns = program_->returns_results() && outcome == Outcome::kSucceeded;
+    const bool returns = program_->returns_results() && verdict.outcome == Outcome::kSucceeded;
     std::vector<std::string> mine_results;
     std::optional<std::string> published;
     if (returns) {
@@ -488,62 +487,12 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       pollfd fd{cancel_fd_.get(), POLLIN, 0};
       return InterruptScope::pending_signal() != 0 || ::poll(&fd, 1, 0) > 0;
     };
-    const std::vector<NodeLink::Told> told = link_->exchange(mine, published, stop);
-    std::vector<bool> reported(static_cast<std::size_t>(nodes_.nnodes), false);
-    std::vector<std::vector<std::string>> results(static_cast<std::size_t>(nodes_.nnodes));
-    results[static_cast<std::size_t>(nodes_.node_rank)] = std::move(mine_results);
-    std::string missing_results;
-    for (const auto& [report, node_results] : told) {
-      if (report.node_rank < 0 || report.node_rank >= nodes_.nnodes) continue;
-      reported[static_cast<std::size_t>(report.node_rank)] = true;
-      if (report.node_rank == nodes_.node_rank) continue;
-      if (returns) {
-        try {
-          if (node_results) {
-            results[static_cast<std::size_t>(report.node_rank)] =
-                serialize::from_bytes<std::vector<std::string>>(*node_results);
-          }
-        } catch (const std::exception&) {  // cereal's: bytes that hold no results
-        }
-        if (results[static_cast<std::size_t>(report.node_rank)].size() !=
-                static_cast<std::size_t>(options_.gpus) &&
-            missing_results.empty()) {
-          missing_results = "node " + std::to_string(report.node_rank) + " (" + report.host + ")";
-        }
-      }
-      peer_logs_.push_back("logs of node " + std::to_string(report.node_rank) + " (" + report.host +
-                           "): " + report.run_dir.string());
-      for (const RankFailure& row : report.rows) {
-        peer_rows_.push_back(row);
-        if (outcome == Outcome::kSucceeded && row.kind != RankFailure::Kind::kOk) {
-          outcome = Outcome::kPeerFailed;
-          cancel_reason = "node " + std::to_string(report.node_rank) + " (" + report.host +
-                          ") failed after this node's ranks had finished";
-        }
-      }
-    }
-    node0_reported_ = reported[0];
-    for (int node = 0; node < nodes_.nnodes; ++node) {
-      if (reported[static_cast<std::size_t>(node)]) continue;
-      peer_logs_.push_back("node " + std::to_string(node) + " sent no report: its sgpu is gone");
-      if (outcome == Outcome::kSucceeded) {
-        outcome = Outcome::kPeerFailed;
-        cancel_reason = "node " + std::to_string(node) + " sent no report: its sgpu is gone";
-      }
-    }
-    if (returns && outcome == Outcome::kSucceeded && !missing_results.empty()) {
-      outcome = Outcome::kPeerFailed;
-      cancel_reason = missing_results +
-                      "'s ranks finished, but their results did not reach this node; its "
-                      "logs say more";
-    }
-    if (returns && outcome == Outcome::kSucceeded &&
-        results[static_cast<std::size_t>(nodes_.node_rank)].size() == slots_.size()) {
-      gathered_.emplace();
-      for (auto& node_results : results) {
-        for (std::string& result : node_results) gathered_->push_back(std::move(result));
-      }
-    }
+    Heard heard = hear_reports(link_->exchange(mine, published, stop), nodes_, options_.gpus,
+                               returns, std::move(mine_results), verdict);
+    peer_rows_ = std::move(heard.rows);
+    peer_logs_ = std::move(heard.logs);
+    node0_reported_ = heard.node0_reported;
+    gathered_ = std::move(heard.results);
     link_.reset();  // node 0: the store stays until every node has read the reports
   }
 
