@@ -27,8 +27,6 @@
 
 #include "backend/backend_table.h"
 #include "backend/gpu_type.h"
-#include "backend/process_group_factory.h"
-#include "collectives/recorder.h"
 #include "contract/front_end.h"
 #include "contract/host_memory.h"
 #include "contract/rank_env.h"
@@ -37,7 +35,9 @@
 #include "launcher/accounting.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
+#include "launcher/rank_group.h"
 #include "launcher/rank_main.h"
+#include "launcher/rank_protocol.h"
 #include "rendezvous/peer_names.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -369,38 +369,18 @@ std::vector<std::string> serve_forks() {
 
 // The rank's side.
 
-contract::RankFolder rank_folder() { return {contract::read_rank_environment().rank_dir}; }
-
-py::bytes read_call() {
-  const contract::RankEnvironment env = contract::read_rank_environment();
-  return py::bytes(serialize::read_record_file(env.call_file, serialize::RecordKind::kWorkerCall,
-                                               std::size_t{1} << 40));
-}
+py::bytes read_call() { return py::bytes(launcher::read_call(serialize::RecordKind::kWorkerCall)); }
 
 void bind_device() { launcher::bind_rank_device(); }
 
 void write_result(const py::bytes& result, std::size_t limit) {
-  const std::string_view bytes = result;
-  if (bytes.size() > limit) throw serialize::RecordTooLarge(bytes.size(), limit);
-  serialize::write_record_file(rank_folder().result(), serialize::RecordKind::kResult, bytes);
+  launcher::write_result(std::string_view(result), limit);
 }
 
 void write_error(std::string type, std::string message, std::vector<std::string> traceback,
                  std::optional<py::bytes> exception) {
-  const contract::RankEnvironment env = contract::read_rank_environment();
-  const contract::RankFolder folder{env.rank_dir};
-  if (exception) {
-    // Written first: the launcher reads the record as the sign that the rank failed.
-    serialize::write_record_file(folder.exception(), serialize::RecordKind::kException,
-                                 std::string_view(*exception));
-  }
-  serialize::ErrorRecord record;
-  record.type = std::move(type);
-  record.message = std::move(message);
-  record.rank = env.rank;
-  record.time = std::chrono::system_clock::now();
-  record.backtrace = std::move(traceback);
-  serialize::write_error_record(folder.error(), record);
+  launcher::write_error({std::move(type), std::move(message), std::move(traceback),
+                         exception ? std::optional<std::string>(*exception) : std::nullopt});
 }
 
 py::object read_exception(const std::string& rank_dir, std::size_t limit) {
@@ -438,25 +418,14 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
         "the \"sgpu\" process-group backend is for ranks that sgpu started (no SGPU_RANK_BACKEND "
         "in this process's environment); outside one, use \"gloo\" or \"nccl\"");
   }
-  backend::ProcessGroupRequest request;
+  launcher::RankGroupRequest request;
   request.store = store;
   request.rank = rank;
-  request.world_size = size;
-  request.device_index = env.device_index;
+  request.size = size;
   request.timeout = duration_of_seconds(timeout_seconds);
-  contract::RingGroup recorded{"world", size, rank, global_ranks};
-  if (recorded.members.empty()) {
-    for (int member = 0; member < size; ++member) recorded.members.push_back(member);
-  } else if (static_cast<int>(recorded.members.size()) != env.world_size) {
-    recorded.name = "ranks";
-    for (std::size_t i = 0; i < recorded.members.size(); ++i) {
-      recorded.name += (i == 0 ? " " : ",") + std::to_string(recorded.members[i]);
-    }
-  }
-  request.record =
-      collectives::recorder_for(std::move(recorded), collectives::completion_for(env.backend));
+  request.members = global_ranks;
   py::gil_scoped_release release;
-  return backend::find_backend(env.backend).process_groups().make(request);
+  return launcher::make_rank_group(std::move(request));
 }
 
 // CUDA on sim (NOTE [CUDA on sim] in sim/cuda/sim_cuda.h): what sgpu._sim_cuda asks of the

@@ -5,7 +5,7 @@
 // monitor thread streams output, watches exits, the deadline, signals and the caller,
 // tears down on the first failure and gathers the results. Both throw ConfigError or
 // AcceleratorMismatchError before anything starts. The public templates reach them
-// through the seam in sgpu/internal/call.h (src/sgpu/call.cc).
+// through the seam in sgpu/internal/call.h (src/facade/call.cc).
 #pragma once
 
 #include <filesystem>

@@ -36,6 +36,7 @@
 #include "launcher/operator_timer.h"
 #include "launcher/process.h"
 #include "launcher/program.h"
+#include "launcher/rank_protocol.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
@@ -223,18 +224,13 @@ std::string current_exception_type() {
   return status == 0 && demangled ? demangled.get() : type->name();
 }
 
-[[noreturn]] void fail(const contract::RankFolder& folder, int rank, std::string type,
-                       std::string message) {
-  serialize::ErrorRecord record;
-  record.type = std::move(type);
-  record.message = std::move(message);
-  record.rank = rank;
-  record.time = std::chrono::system_clock::now();
+[[noreturn]] void fail(std::string type, std::string message) {
+  const std::string said = type + ": " + message;
   try {
-    serialize::write_error_record(folder.error(), record);
+    write_error({std::move(type), std::move(message), {}, std::nullopt});
   } catch (...) {
   }
-  std::cerr << "sgpu: rank " << rank << " failed: " << record.type << ": " << record.message
+  std::cerr << "sgpu: rank " << contract::read_rank_environment().rank << " failed: " << said
             << std::endl;
   end_rank(1);
 }
@@ -274,7 +270,7 @@ void run_program(char** argv) {
   try {  // the start faults act here, before the program starts; timed ones are armed
     backend::find_backend(env.backend).bind_program();
   } catch (const std::exception& e) {
-    fail(contract::RankFolder{env.rank_dir}, env.rank, current_exception_type(), e.what());
+    fail(current_exception_type(), e.what());
   }
   ::setenv(contract::kSupervisorVar, std::to_string(::getpid()).c_str(), 1);
   const pid_t program = ::fork();
@@ -310,7 +306,7 @@ void run_program(char** argv) {
       contract::env_string(contract::kSimComputeVar) == "shapes" &&
       !std::filesystem::exists(folder.computes_shapes(), absent)) {
     // Spelled neutrally: the supervisor does not know which front end the caller used.
-    fail(folder, env.rank, "ConfigError",
+    fail("ConfigError",
          std::string(argv[0]) +
              " ended without running in shape-only compute, which the call asked for, so it "
              "computed values: only a Python program that imports torch runs in shapes (a C++ "
@@ -360,12 +356,10 @@ void run_rank() {
   install_guards();
   install_terminate_flush();
   const contract::RankEnvironment env = contract::read_rank_environment();
-  const contract::RankFolder folder{env.rank_dir};
-  const int rank = env.rank;
-  contract::arm_abrupt_end(folder.abrupt_end());
+  contract::arm_abrupt_end(contract::RankFolder{env.rank_dir}.abrupt_end());
   try {
-    const auto record = serialize::from_bytes<serialize::CallRecord>(serialize::read_record_file(
-        env.call_file, serialize::RecordKind::kCall, std::size_t{1} << 40));
+    const auto record =
+        serialize::from_bytes<serialize::CallRecord>(read_call(serialize::RecordKind::kCall));
     auto entry = reinterpret_cast<detail::EntryFn>(resolve_code(record.entry));
     void* function = resolve_code(record.function);
     // libtorch reads OMP_NUM_THREADS when it loads: a rank forked from the fork server
@@ -376,19 +370,15 @@ void run_rank() {
     bind_rank_device();
     // A simulated GPU's work, timed as on the node's (a GPU's own is what it is).
     if (env.backend == "sim") time_operators();
-    const std::string result = entry(function, record.signature, record.args);
-    if (result.size() > record.max_payload_bytes) {
-      throw serialize::RecordTooLarge(result.size(), record.max_payload_bytes);
-    }
-    serialize::write_record_file(folder.result(), serialize::RecordKind::kResult, result);
+    write_result(entry(function, record.signature, record.args), record.max_payload_bytes);
   } catch (const serialize::RecordTooLarge& e) {
-    fail(folder, rank, "sgpu::ResultTooLarge", std::string("result ") + e.what());
+    fail("sgpu::ResultTooLarge", std::string("result ") + e.what());
   } catch (const c10::Error& e) {  // its message, not libtorch's C++ backtrace
-    fail(folder, rank, current_exception_type(), e.what_without_backtrace());
+    fail(current_exception_type(), e.what_without_backtrace());
   } catch (const std::exception& e) {
-    fail(folder, rank, current_exception_type(), e.what());
+    fail(current_exception_type(), e.what());
   } catch (...) {
-    fail(folder, rank, current_exception_type(), "(not derived from std::exception)");
+    fail(current_exception_type(), "(not derived from std::exception)");
   }
   end_rank(0);
 }

@@ -3,10 +3,8 @@
 #include <mutex>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "backend/backend_table.h"
-#include "backend/process_group_factory.h"
-#include "collectives/recorder.h"
 #include "contract/rank_env.h"
+#include "launcher/rank_group.h"
 #include "rendezvous/peer_names.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
@@ -25,19 +23,12 @@ c10d::Backend& process_group() {
     store_options.port = static_cast<std::uint16_t>(env.master_port);
     store_options.isServer = false;
     store_options.timeout = env.group_timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
-    backend::ProcessGroupRequest request;
-    request.store = store;
+    launcher::RankGroupRequest request;
+    request.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     request.rank = env.rank;
-    request.world_size = env.world_size;
-    request.device_index = env.device_index;
+    request.size = env.world_size;
     request.timeout = env.group_timeout;
-    contract::RingGroup recorded{"world", env.world_size, env.rank, {}};
-    for (int rank = 0; rank < env.world_size; ++rank) recorded.members.push_back(rank);
-    request.record =
-        collectives::recorder_for(std::move(recorded), collectives::completion_for(env.backend));
-    const backend::Backend& chosen = backend::find_backend(env.backend);
-    group = new c10::intrusive_ptr<c10d::Backend>(chosen.process_groups().make(request));
+    group = new c10::intrusive_ptr<c10d::Backend>(launcher::make_rank_group(std::move(request)));
   });
   return **group;
 }

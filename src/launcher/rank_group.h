@@ -1,0 +1,29 @@
+// The rank's process group, as the call's backend makes it (Gloo with the fault plan on
+// sim, NCCL on cuda) with its collectives recorded in the rank's ring: one factory for a
+// C++ function's rank (sgpu::process_group()) and for torch's "sgpu" backend in a Python
+// rank (its creator, in the native module).
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+namespace sgpu::launcher {
+
+struct RankGroupRequest {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;  // in the group
+  int size = 1;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // The group's members, by group rank, as global ranks; empty: the world. The ring names a
+  // group of fewer than every rank by them ("ranks 0,2").
+  std::vector<int> members;
+};
+
+// In a rank that sgpu started (its environment names the backend and the device).
+c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request);
+
+}  // namespace sgpu::launcher
