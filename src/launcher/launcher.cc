@@ -487,8 +487,8 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       pollfd fd{cancel_fd_.get(), POLLIN, 0};
       return InterruptScope::pending_signal() != 0 || ::poll(&fd, 1, 0) > 0;
     };
-    Heard heard = hear_reports(link_->exchange(mine, published, stop), nodes_, options_.gpus,
-                               returns, std::move(mine_results), verdict);
+    NodeReports heard = hear_reports(link_->exchange(mine, published, stop), nodes_, options_.gpus,
+                                     returns, std::move(mine_results), verdict);
     peer_rows_ = std::move(heard.rows);
     peer_logs_ = std::move(heard.logs);
     node0_reported_ = heard.node0_reported;

@@ -31,9 +31,9 @@ std::vector<std::string> results_of(const std::optional<std::string>& published)
 
 }  // namespace
 
-Heard hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
-                   bool returns, std::vector<std::string> mine, Verdict& verdict) {
-  Heard heard;
+NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
+                         bool returns, std::vector<std::string> mine, Verdict& verdict) {
+  NodeReports heard;
   const auto nnodes = static_cast<std::size_t>(nodes.nnodes);
   std::vector<bool> reported(nnodes, false);
   std::vector<std::vector<std::string>> results(nnodes);

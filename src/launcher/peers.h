@@ -15,7 +15,7 @@
 
 namespace sgpu::launcher {
 
-struct Heard {
+struct NodeReports {
   std::vector<RankFailure> rows;  // the other nodes' ranks
   std::vector<std::string> logs;  // where the other nodes keep their logs; who sent nothing
   bool node0_reported = true;     // false: node 0 sent no report, it shows nothing
@@ -28,7 +28,7 @@ struct Heard {
 // ranks' results, when they return results and were read (empty otherwise). A success
 // here becomes kPeerFailed when another node's rank failed, a node sent no report, or a
 // node's results did not arrive; any other verdict stands.
-Heard hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
-                   bool returns, std::vector<std::string> mine, Verdict& verdict);
+NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
+                         bool returns, std::vector<std::string> mine, Verdict& verdict);
 
 }  // namespace sgpu::launcher
