@@ -15,6 +15,7 @@
 
 #include "sgpu/sgpu.h"
 #include "testing/mlflow_server.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -49,9 +50,7 @@ double python_rate(const std::string& uri, int count) {
 }
 
 void run_calls(benchmark::State& state, const std::string& uri) {
-  sgpu::Options options;
-  options.gpus = kRanks;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(kRanks);
   options.tracking_uri = uri;
   options.experiment = "bench_tracking";
   const auto job = sgpu::distributed(log_many, options);

@@ -13,7 +13,8 @@
 #include "backend/backend_table.h"
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -182,11 +183,8 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
   const std::string plan = "rank=" + std::to_string(rank) + ":" + action +
                            (collective == 0 ? "" : "@collective=" + std::to_string(collective));
   const std::string marker = "fault-" + std::to_string(::getpid()) + "-" + plan;
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = gpus;
+  sgpu::Options options = sgpu::testing::sim(gpus, true);
   options.sim_faults = plan;
-  options.console_ranks = std::vector<int>{};
   // The timeout is the hang's; a fault must not race it while a loaded machine starts ranks.
   options.timeout = std::chrono::seconds(action == "hang" ? 3 : 60);
   ::setenv("SGPU_TEST_MARKER", marker.c_str(), 1);
@@ -220,9 +218,7 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
 }
 
 TEST(SimFaults, SlowRanksStillFinish) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 2;
+  sgpu::Options options = sgpu::testing::sim(2);
   options.sim_faults = "rank=1:slow=100ms@collective=2";
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(sgpu::distributed(allreduce_steps, options).distributed(3), (std::vector<int>{0, 1}));
@@ -230,9 +226,7 @@ TEST(SimFaults, SlowRanksStillFinish) {
 }
 
 TEST(SimFaults, TimedCrashHappensAfterItsTime) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 2;
+  sgpu::Options options = sgpu::testing::sim(2);
   options.sim_faults = "rank=0:exit=9@after=300ms";
   int (*sleepy)(int) = [](int ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -249,9 +243,7 @@ TEST(SimFaults, TimedCrashHappensAfterItsTime) {
 }
 
 TEST(SimFaults, BadPlansAreConfigErrorsBeforeAnythingStarts) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 2;
+  sgpu::Options options = sgpu::testing::sim(2);
   for (const char* plan :
        {"rank=2:abort", "rank=0:explode", "rank=0:throw@after=1s", "rank=0:hang@after=1s",
         "rank=0:abort@collective=0", "0:abort", "rank=0:slow=fast"}) {

@@ -7,6 +7,7 @@
 
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -89,9 +90,7 @@ sgpu::bench::SweepSpec spec_of(Collective op, c10::ScalarType dtype) {
 }
 
 sgpu::Options two_ranks() {
-  sgpu::Options options;
-  options.gpus = 2;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(2);
   options.timeout = std::chrono::minutes(2);
   return options;
 }

@@ -54,7 +54,7 @@ forbidden "tracking including the launcher" src/tracking/store.cc \
 forbidden "an example including an internal header" examples/hello_world.cc \
   '#include "backend/backend_table.h"' '^examples/hello_world.cc:@: examples may not include'
 forbidden "a benchmark including a test's helper" bench/bench_tracking.cc \
-  '#include "support/process_table.h"' '^bench/bench_tracking.cc:@: bench may not include tests/support/process_table.h \(tests\)'
+  '#include "tracking/store_support.h"' '^bench/bench_tracking.cc:@: bench may not include tests/tracking/store_support.h \(tests\)'
 forbidden "an include that names no file of the tree" src/launcher/process.cc \
   '#include "launcher/no_such_header.h"' '^src/launcher/process.cc:@: "launcher/no_such_header.h" is no file of the tree'
 

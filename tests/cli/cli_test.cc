@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "support/process_table.h"
+#include "testing/process_table.h"
 #include "testing/temp_dir.h"
 #include "tracking/file/file_store.h"
 #include "tracking/pending.h"

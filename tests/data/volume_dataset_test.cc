@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -224,10 +225,7 @@ std::vector<std::string> read_epoch(std::string root, std::string cache, int epo
 
 TEST(VolumeDataset, ThreeRanksOfTwoWorkersReadEveryFileOncePerEpoch) {
   const fs::path root = make_volume("ranks", 31), cache = temp_dir("ranks-cache");
-  sgpu::Options options;
-  options.gpus = 3;
-  options.backend = "sim";
-  options.console_ranks = std::vector<int>{};
+  sgpu::Options options = sgpu::testing::sim(3, true);
   for (int epoch = 0; epoch < 2; ++epoch) {
     const auto results =
         sgpu::distributed(read_epoch, options).distributed(root.string(), cache.string(), epoch);

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "support/process_table.h"
+#include "testing/process_table.h"
 
 extern char** environ;
 

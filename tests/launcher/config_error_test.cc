@@ -6,7 +6,8 @@
 
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -30,8 +31,7 @@ std::string error_of(const sgpu::Options& options, std::size_t arg_bytes = 0) {
 }
 
 sgpu::Options sim() {
-  sgpu::Options options;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(1);
   return options;
 }
 

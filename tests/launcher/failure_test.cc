@@ -9,7 +9,8 @@
 #include <thread>
 
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -48,11 +49,8 @@ std::string unique_marker() {
 template <class E>
 E run_faulty(int gpus, int bad_rank, int fault, std::chrono::milliseconds* took,
              const std::string& marker) {
-  sgpu::Options options;
-  options.gpus = gpus;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(gpus, true);
   options.timeout = std::chrono::milliseconds(fault == kHang ? 1500 : 60000);
-  options.console_ranks = std::vector<int>{};
   ::setenv("SGPU_TEST_MARKER", marker.c_str(), 1);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -151,9 +149,7 @@ void ignore_sigterm_and_hang(int) {
 }
 
 TEST(Failure, ARankIgnoringSigtermIsKilledAfterTheGrace) {
-  sgpu::Options options;
-  options.gpus = 2;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(2);
   // Long enough for exec'd ranks on a loaded machine to ignore SIGTERM before it comes.
   options.timeout = std::chrono::milliseconds(2500);
   options.teardown_grace = std::chrono::milliseconds(700);
@@ -169,8 +165,7 @@ TEST(Failure, ARankIgnoringSigtermIsKilledAfterTheGrace) {
 int throw_non_standard(int) { throw 42; }
 
 TEST(Failure, NonStandardExceptionsAreNamedByType) {
-  sgpu::Options options;
-  options.backend = "sim";
+  sgpu::Options options = sgpu::testing::sim(1);
   try {
     sgpu::distributed(throw_non_standard, options).distributed(0);
     FAIL();

@@ -14,7 +14,7 @@
 
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
-#include "support/test_backend.h"
+#include "testing/test_backend.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 
 #include "serialize/record.h"
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
-#include "support/sim_options.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 

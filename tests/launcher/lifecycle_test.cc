@@ -7,7 +7,8 @@
 
 #include "launcher/rank_starter.h"
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -41,9 +42,7 @@ std::set<std::string> listening_sockets() {
 // (about half a second a rank, where a fork takes milliseconds). 40 still catch a leak
 // that happens on one call in ten.
 TEST(Lifecycle, ManyCallsInARowLeakNothing) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 1;
+  sgpu::Options options = sgpu::testing::sim(1);
   const bool exec = sgpu::launcher::resolve_start_method(options) == sgpu::StartMethod::kExec;
   const int calls = exec ? 40 : 200;
   auto job = sgpu::distributed(twice, options);
@@ -59,9 +58,7 @@ TEST(Lifecycle, ManyCallsInARowLeakNothing) {
 }
 
 TEST(Lifecycle, NoListeningPortOutlivesACall) {
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 2;
+  sgpu::Options options = sgpu::testing::sim(2);
   const auto before = listening_sockets();
   auto launch = sgpu::distributed(twice, options).launch(3);
   EXPECT_EQ(launch.wait(), (std::vector<int>{6, 7}));

@@ -26,6 +26,7 @@
 #include "sgpu/parallel/zero.h"
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -101,12 +102,9 @@ RC_GTEST_PROP(Accounting, EqualsTheRecordedCollectivesAndTheStrategysTheory, ())
   shape.steps = *rc::gen::inRange(1, 4);
   shape.strategy = *rc::gen::element<std::string>("ddp", "fsdp", "zero2");
   RC_TAG(shape.strategy, world);
-  sgpu::Options o;
-  o.gpus = world;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(world, true);
   o.keep_run_dir = true;
   o.tracking = false;
-  o.console_ranks = std::vector<int>{};
   auto launch = sgpu::distributed(train, o).launch(shape);
   launch.wait();
   const auto& comm = launch.comm_stats();
@@ -194,11 +192,8 @@ int reduce_then_throw(int times) {
 }
 
 TEST(Accounting, AFailedCallStillHasIt) {
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2, true);
   o.tracking = false;
-  o.console_ranks = std::vector<int>{};
   auto launch = sgpu::distributed(reduce_then_throw, o).launch(3);
   EXPECT_THROW(launch.wait(), sgpu::DistributedError);
   for (const sgpu::CommStats& rank : launch.comm_stats()) {
@@ -222,13 +217,10 @@ int reduce(int times) {
 
 TEST(Accounting, PredictsOnTheNodeTheSpecNames) {
   const auto stats_of = [](const char* spec, int gpus, const char* gpu_type) {
-    sgpu::Options o;
-    o.gpus = gpus;
+    sgpu::Options o = sgpu::testing::sim(gpus, true);
     o.gpu_type = gpu_type;
-    o.backend = "sim";
     o.sim_node = spec;
     o.tracking = false;
-    o.console_ranks = std::vector<int>{};
     auto launch = sgpu::distributed(reduce, o).launch(1);
     launch.wait();
     return launch.comm_stats().at(0);
@@ -245,9 +237,7 @@ TEST(Accounting, PredictsOnTheNodeTheSpecNames) {
   const sgpu::CommStats mixed = stats_of("1xH100+1xA10", 1, "A10");
   EXPECT_EQ(mixed.platform, "");
   EXPECT_EQ(mixed.by_op().at("all_reduce").predicted_seconds, 0);
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2);
   o.sim_node = "2xH100@h300-nvswitch";
   o.tracking = false;
   try {
@@ -276,12 +266,9 @@ double linear_layer(int) {
 }
 
 TEST(ComputeEstimate, AComputingRanksKernelsAreTimedOnTheNodesRoofline) {
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2, true);
   o.sim_node = "2xH100";
   o.tracking = false;
-  o.console_ranks = std::vector<int>{};
   auto launch = sgpu::distributed(linear_layer, o).launch(0);
   EXPECT_EQ(launch.wait(), (std::vector<double>{256.0 * 1024 * 512, 256.0 * 1024 * 512}));
   const sgpu::model::Roofline h100 = sgpu::model::load_platform("h100-nvswitch").compute;

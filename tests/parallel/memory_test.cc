@@ -17,7 +17,8 @@
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/sgpu.h"
 #include "sim/memory/caching_model.h"
-#include "support/test_backend.h"
+#include "testing/test_backend.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -26,12 +27,9 @@ namespace F = torch::nn::functional;
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 
 sgpu::Options on(const std::string& node, int gpus) {
-  sgpu::Options o;
-  o.gpus = gpus;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(gpus, true);
   o.sim_node = node;
   o.tracking = false;
-  o.console_ranks = std::vector<int>{};
   return o;
 }
 

@@ -26,7 +26,7 @@
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/zero.h"
 #include "sgpu/sgpu.h"
-#include "support/test_backend.h"
+#include "testing/test_backend.h"
 
 namespace {
 

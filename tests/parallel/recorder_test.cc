@@ -19,6 +19,7 @@
 #include "sgpu/parallel/zero.h"
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -102,13 +103,10 @@ int zero_step(int) {
 // Every rank's recorded entries, after a call that kept its run folder.
 template <class F>
 std::vector<std::vector<CollectiveEntry>> recorded(F* fn, int world, const std::string& transport) {
-  sgpu::Options o;
-  o.gpus = world;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(world, true);
   o.sim_transport = transport;
   o.keep_run_dir = true;
   o.tracking = false;
-  o.console_ranks = std::vector<int>{};
   auto launch = sgpu::distributed(fn, o).launch(0);
   launch.wait();
   std::vector<std::vector<CollectiveEntry>> entries;

@@ -17,6 +17,7 @@
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
 #include "testing/mlflow_server.h"
+#include "testing/sim_options.h"
 #include "tracking/rest/rest_store.h"
 
 namespace {
@@ -130,9 +131,7 @@ class Tracking : public ::testing::TestWithParam<Where> {
     }
   }
   sgpu::Options options(int ranks = kRanks) const {
-    sgpu::Options o;
-    o.gpus = ranks;
-    o.backend = "sim";
+    sgpu::Options o = sgpu::testing::sim(ranks);
     o.tracking_uri = uri_;
     o.experiment = "sgpu tracking test";
     return o;
@@ -289,9 +288,7 @@ TEST(TrackingFiles, MlflowMigrateFilestoreMovesTheRunsIntoADatabase) {
   const auto dir = sgpu::testing::make_temp_dir("sgpu-migrate");
   const std::string files = "file://" + (dir / "mlruns").string();
   sgpu::tracking::Run scope("migrated", "sgpu tracking test", files);
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2);
   o.tracking_uri = files;
   sgpu::distributed(train, o).distributed(kSteps);
   const json children = reader().ask({{"uri", files}, {"children", scope.run_id()}});
@@ -320,9 +317,7 @@ TEST(TrackingServer, StoppedMidRunAndBackEveryMetricArrivesOnce) {
   sgpu::testing::TcpRelay relay(server().port());
   const std::string uri = relay.uri();
   sgpu::tracking::Run scope("outage", "sgpu tracking test", server().uri());
-  sgpu::Options o;
-  o.gpus = 4;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(4);
   o.tracking_uri = uri;
   o.experiment = "sgpu tracking test";
   constexpr int kCount = 120;  // 3 s of logging per rank
@@ -346,9 +341,7 @@ TEST(TrackingServer, StoppedMidRunAndBackEveryMetricArrivesOnce) {
 TEST(TrackingServer, ACallEndingWhileTheServerIsDownIsSentByTheNextCallToIt) {
   sgpu::testing::TcpRelay relay(server().port());
   const auto runs = sgpu::testing::make_temp_dir("sgpu-pending-runs");
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2);
   o.tracking_uri = relay.uri();
   o.experiment = "sgpu tracking test";
   o.runs_dir = runs;
@@ -382,9 +375,7 @@ TEST(TrackingServer, ACallEndingWhileTheServerIsDownIsSentByTheNextCallToIt) {
 
 TEST(TrackingOff, WritesNothing) {
   const auto files = sgpu::testing::make_temp_dir("sgpu-off");
-  sgpu::Options o;
-  o.gpus = 2;
-  o.backend = "sim";
+  sgpu::Options o = sgpu::testing::sim(2);
   o.tracking_uri = "file://" + (files / "mlruns").string();
   o.tracking = false;
   auto launch = sgpu::distributed(train, o).launch(2);

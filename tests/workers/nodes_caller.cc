@@ -17,6 +17,7 @@
 
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 std::string report(int round) {
   const char* crash = std::getenv("CRASH_RANK");
@@ -37,9 +38,7 @@ std::string report(int round) {
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = argc > 1 ? std::atoi(argv[1]) : 2;
+  sgpu::Options options = sgpu::testing::sim(argc > 1 ? std::atoi(argv[1]) : 2);
   try {
     const std::vector<std::string> results = sgpu::distributed(report, options).distributed(0);
     for (std::size_t i = 0; i < results.size(); ++i) {

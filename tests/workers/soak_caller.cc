@@ -21,7 +21,8 @@
 
 #include "sgpu/process_group.h"
 #include "sgpu/sgpu.h"
-#include "support/process_table.h"
+#include "testing/process_table.h"
+#include "testing/sim_options.h"
 
 namespace {
 
@@ -127,17 +128,14 @@ int main(int argc, char** argv) {
   const json job = json::parse(std::ifstream(argv[1]));
   const json& calls = job.at("calls");
   // The fork server first, so that every call's descriptors compare with the same start.
-  sgpu::Options warm;
-  warm.backend = "sim";
+  sgpu::Options warm = sgpu::testing::sim(1);
   warm.tracking = false;
   warm.runs_dir = calls.at(0).at("runs_dir").get<std::string>() + "-warm-up";
   sgpu::distributed(warm_up, warm).distributed();
   say({{"event", "ready"}, {"descriptors", descriptors()}});
   for (std::size_t index = 0; index < calls.size(); ++index) {
     const json& call = calls[index];
-    sgpu::Options options;
-    options.backend = "sim";
-    options.gpus = call.at("world");
+    sgpu::Options options = sgpu::testing::sim(call.at("world"));
     options.timeout =
         std::chrono::milliseconds(static_cast<long>(call.at("timeout").get<double>() * 1000));
     options.hang_timeout =

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 int hang(int seconds) {
   if (std::system("sleep 300 &") != 0) return -1;
@@ -20,9 +21,7 @@ int hang(int seconds) {
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = argc > 1 ? std::atoi(argv[1]) : 2;
+  sgpu::Options options = sgpu::testing::sim(argc > 1 ? std::atoi(argv[1]) : 2);
   options.teardown_grace = std::chrono::seconds(2);
   const bool ignore_sigterm = argc > 2 && std::string(argv[2]) == "ignore-sigterm";
   if (ignore_sigterm) ::signal(SIGTERM, SIG_IGN);

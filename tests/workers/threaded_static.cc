@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "sgpu/sgpu.h"
+#include "testing/sim_options.h"
 
 namespace {
 struct StartsAThread {
@@ -18,9 +19,7 @@ int rank(int) { return sgpu::global_rank(); }
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
-  sgpu::Options options;
-  options.backend = "sim";
-  options.gpus = 2;
+  sgpu::Options options = sgpu::testing::sim(2);
   options.start_method = sgpu::StartMethod::kForkServer;
   try {
     sgpu::distributed(rank, options).distributed(0);

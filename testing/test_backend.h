@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/backend_table.h"
-#include "support/sim_options.h"
+#include "testing/sim_options.h"
 
 namespace sgpu::testing {
 
