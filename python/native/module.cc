@@ -528,17 +528,8 @@ void bind_cuda_on_sim(py::module_& m) {
         [](py::handle storage) { return sim::cuda::device_of(THPStorage_Unpack(storage.ptr())); });
 }
 
-}  // namespace
-}  // namespace sgpu::python
-
-PYBIND11_MODULE(_native, m) {
-  using namespace sgpu::python;
-  m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
-  py::register_exception_translator(translate);
-  // torch's own store clients in this process too (env:// in a rank, a user's TCPStore).
-  sgpu::rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
-  m.def("name_mapped_peers_as_ipv4", &sgpu::rendezvous::name_mapped_peers_as_ipv4);
-
+// The caller's side: a call started, waited on, its results and its ranks' records read.
+void bind_caller_side(py::module_& m) {
   py::class_<ResultBytes, std::shared_ptr<ResultBytes>>(m, "ResultBytes", py::buffer_protocol())
       .def_buffer([](ResultBytes& r) {
         return py::buffer_info(r.bytes.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
@@ -564,7 +555,13 @@ PYBIND11_MODULE(_native, m) {
   m.def("fork_server_pid", [](const std::vector<std::string>& command) {
     return static_cast<long>(sgpu::launcher::fork_server_pid(command));
   });
+  m.def("read_exception", &read_exception, py::arg("rank_dir"), py::arg("limit"));
+  m.def("read_error", &read_error, py::arg("rank_dir"));
+}
 
+// A rank's side: entering and ending the rank, its call, result and error, its device and
+// memory, its process group.
+void bind_rank_side(py::module_& m) {
   m.def("enter_rank", [] {
     // Advice in a Python rank's errors spells settings as the caller wrote them.
     sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
@@ -594,11 +591,12 @@ PYBIND11_MODULE(_native, m) {
   m.def("write_result", &write_result, py::arg("result"), py::arg("limit"));
   m.def("write_error", &write_error, py::arg("type"), py::arg("message"), py::arg("traceback"),
         py::arg("exception") = py::none());
-  m.def("read_exception", &read_exception, py::arg("rank_dir"), py::arg("limit"));
-  m.def("read_error", &read_error, py::arg("rank_dir"));
   m.def("make_process_group", &make_process_group, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout_seconds"), py::arg("global_ranks") = std::vector<int>());
+}
 
+// Tracking from inside a rank: into the call's run.
+void bind_tracking(py::module_& m) {
   m.def(
       "log_metric",
       [](const std::string& key, double value, std::int64_t step) {
@@ -613,4 +611,19 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release release;
     return sgpu::flush_tracking();
   });
+}
+
+}  // namespace
+}  // namespace sgpu::python
+
+PYBIND11_MODULE(_native, m) {
+  using namespace sgpu::python;
+  m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
+  py::register_exception_translator(translate);
+  // torch's own store clients in this process too (env:// in a rank, a user's TCPStore).
+  sgpu::rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
+  m.def("name_mapped_peers_as_ipv4", &sgpu::rendezvous::name_mapped_peers_as_ipv4);
+  bind_caller_side(m);
+  bind_rank_side(m);
+  bind_tracking(m);
 }

@@ -59,6 +59,7 @@ def install() -> bool:
     _patch_device_calls(torch, _native, count)
     _patch_streams(torch, _native)
     _patch_memory(torch, _native, count)
+    _patch_storage(torch, _native)
     _patch_distributed()
     _patch_not_simulated(torch)
     _patch_extensions(torch, _native)
@@ -283,6 +284,8 @@ def _patch_memory(torch, native, count: int) -> None:
     for module in (torch.cuda, memory):
         module.mem_get_info = mem_get_info
 
+
+def _patch_storage(torch, native) -> None:
     # A cuda tensor's storage is host memory whose own device is the CPU's (NOTE [CUDA on
     # sim]): torch.save's location, storage.device and storage.is_cuda ask it this way.
     base_device = torch._C.StorageBase.device

@@ -101,60 +101,8 @@ std::unique_ptr<Segment> Segment::join(c10d::Store& store, const std::string& ke
   // opens a segment an earlier generation left named there.
   const std::int64_t joined = store.add(key + "/joined", 1);
   const std::string generation_key = key + "/" + std::to_string((joined - 1) / world);
-  int fd = -1;
-  if (rank == 0) {
-    fd = static_cast<int>(::syscall(SYS_memfd_create, "sgpu-sim-group", MFD_CLOEXEC));
-    if (fd < 0) throw_errno("sgpu: cannot create the shared-memory segment (memfd_create)");
-    if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(offsets.total)) != 0) {
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      throw_errno("sgpu: cannot size the shared-memory segment to " +
-                  std::to_string(offsets.total) + " bytes");
-    }
-    segment->bytes_ = offsets.total;
-    segment->map(fd, /*create=*/true);
-    std::random_device random;
-    const std::uint64_t token = (std::uint64_t{random()} << 32) ^ random();
-    Control& c = control(segment->base_);
-    c.token = token;
-    c.world = static_cast<std::uint32_t>(world);
-    c.slot_bytes = sizes.slot_bytes;
-    c.channel_bytes = sizes.channel_bytes;
-    std::atomic_thread_fence(std::memory_order_release);
-    c.magic = kMagic;
-    std::ostringstream where;
-    where << "/proc/" << ::getpid() << "/fd/" << fd << ' ' << token;
-    const std::string text = where.str();
-    store.set(generation_key, std::vector<uint8_t>(text.begin(), text.end()));
-  } else {
-    const std::vector<uint8_t> bytes = store.get(generation_key);
-    std::istringstream where(std::string(bytes.begin(), bytes.end()));
-    std::string path;
-    std::uint64_t token = 0;
-    where >> path >> token;
-    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      throw_errno("sgpu: rank " + std::to_string(rank) +
-                  " cannot open rank 0's shared-memory segment " + path);
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != offsets.total) {
-      ::close(fd);
-      C10_THROW_ERROR(DistBackendError,
-                      "sgpu: rank " + std::to_string(rank) + " found rank 0's segment " + path +
-                          " of another size than its own sizes give (" +
-                          std::to_string(offsets.total) +
-                          " bytes): do all ranks see the same SGPU_SIM_SHM_SLOT_BYTES?");
-    }
-    segment->bytes_ = offsets.total;
-    segment->map(fd, /*create=*/false);
-    const Control& c = control(segment->base_);
-    if (c.magic != kMagic || c.token != token || c.world != static_cast<std::uint32_t>(world)) {
-      C10_THROW_ERROR(DistBackendError, "sgpu: rank " + std::to_string(rank) + " opened " + path +
-                                            ", which is not this group's segment");
-    }
-  }
+  const int fd = rank == 0 ? segment->create(store, generation_key, offsets.total)
+                           : segment->attach(store, generation_key, offsets.total);
   segment->state(rank).pid = static_cast<std::int32_t>(::getpid());
   // Every rank has it open before rank 0 lets go of the descriptor the others open.
   store.set(generation_key + "/attached/" + std::to_string(rank), std::vector<uint8_t>{1});
@@ -174,6 +122,64 @@ std::unique_ptr<Segment> Segment::join(c10d::Store& store, const std::string& ke
     segment->pidfds_[r] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   }
   return segment;
+}
+
+int Segment::create(c10d::Store& store, const std::string& name, std::size_t total) {
+  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "sgpu-sim-group", MFD_CLOEXEC));
+  if (fd < 0) throw_errno("sgpu: cannot create the shared-memory segment (memfd_create)");
+  if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    throw_errno("sgpu: cannot size the shared-memory segment to " + std::to_string(total) +
+                " bytes");
+  }
+  bytes_ = total;
+  map(fd, /*create=*/true);
+  std::random_device random;
+  const std::uint64_t token = (std::uint64_t{random()} << 32) ^ random();
+  Control& c = control(base_);
+  c.token = token;
+  c.world = static_cast<std::uint32_t>(world_);
+  c.slot_bytes = sizes_.slot_bytes;
+  c.channel_bytes = sizes_.channel_bytes;
+  std::atomic_thread_fence(std::memory_order_release);
+  c.magic = kMagic;
+  std::ostringstream where;
+  where << "/proc/" << ::getpid() << "/fd/" << fd << ' ' << token;
+  const std::string text = where.str();
+  store.set(name, std::vector<uint8_t>(text.begin(), text.end()));
+  return fd;
+}
+
+int Segment::attach(c10d::Store& store, const std::string& name, std::size_t total) {
+  const std::vector<uint8_t> bytes = store.get(name);
+  std::istringstream where(std::string(bytes.begin(), bytes.end()));
+  std::string path;
+  std::uint64_t token = 0;
+  where >> path >> token;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    throw_errno("sgpu: rank " + std::to_string(rank_) +
+                " cannot open rank 0's shared-memory segment " + path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != total) {
+    ::close(fd);
+    C10_THROW_ERROR(DistBackendError,
+                    "sgpu: rank " + std::to_string(rank_) + " found rank 0's segment " + path +
+                        " of another size than its own sizes give (" + std::to_string(total) +
+                        " bytes): do all ranks see the same SGPU_SIM_SHM_SLOT_BYTES?");
+  }
+  bytes_ = total;
+  map(fd, /*create=*/false);
+  const Control& c = control(base_);
+  if (c.magic != kMagic || c.token != token || c.world != static_cast<std::uint32_t>(world_)) {
+    ::close(fd);
+    C10_THROW_ERROR(DistBackendError, "sgpu: rank " + std::to_string(rank_) + " opened " + path +
+                                          ", which is not this group's segment");
+  }
+  return fd;
 }
 
 void Segment::map(int fd, bool create) {

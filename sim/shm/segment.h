@@ -100,6 +100,11 @@ class Segment {
  private:
   Segment(int rank, int world, SegmentSizes sizes);
   void map(int fd, bool create);
+  // Rank 0: makes the segment of `total` bytes (a memfd), sets its control block and names
+  // it at `name` in the store. Returns the descriptor the other ranks open.
+  int create(c10d::Store& store, const std::string& name, std::size_t total);
+  // The other ranks: open what rank 0 named at `name` and check it is this group's.
+  int attach(c10d::Store& store, const std::string& name, std::size_t total);
   [[noreturn]] void fail_wait(int peer, const std::function<std::string()>& what,
                               const std::function<std::vector<int>()>& missing) const;
   bool spin(const std::function<bool()>& done) const;

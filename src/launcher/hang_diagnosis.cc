@@ -109,60 +109,61 @@ std::string ended(const Member& member) {
   return "; it " + member.view->end;
 }
 
-// The verdict for one group waiting on collective #seq.
-Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
-  Diagnosis d;
-  d.group = group.name;
-  d.seq = seq;
-  const std::string number = "#" + std::to_string(seq);
-  std::vector<int> missing;
-  std::vector<int> in_it;
-  std::int64_t waited_since = now_ns;
-  const CollectiveEntry* sample = nullptr;
+// Where each member of `group` is for collective #seq.
+struct Attendance {
+  std::vector<int> missing;  // never entered it
+  std::vector<int> in_it;    // in flight in it
+  std::int64_t waited_since = 0;
+  const CollectiveEntry* sample = nullptr;  // a member's entry for it
+};
+
+Attendance attendance(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
+  Attendance a;
+  a.waited_since = now_ns;
   for (const Member& m : group.members) {
     const std::uint64_t entered = m.entries.empty() ? 0 : m.entries.back()->seq;
     if (entered < seq) {
-      missing.push_back(m.rank);
+      a.missing.push_back(m.rank);
       continue;
     }
     if (const CollectiveEntry* e = at_seq(m, seq)) {
-      if (sample == nullptr) sample = e;
+      if (a.sample == nullptr) a.sample = e;
       if (e->state == EntryState::kInFlight) {
-        in_it.push_back(m.rank);
-        waited_since = std::min(waited_since, e->entered_ns);
+        a.in_it.push_back(m.rank);
+        a.waited_since = std::min(a.waited_since, e->entered_ns);
       }
     }
   }
-  const std::string what = sample != nullptr ? describe_call(*sample) : "collective";
-  const std::string waited = describe_duration(now_ns - waited_since);
-  if (!missing.empty()) {
-    d.kind = Diagnosis::Kind::kMissing;
-    d.culprits = missing;
-    d.verdict = list_ranks(missing) + " never entered collective " + number + where(group) + " (" +
-                what + ")";
-    if (!in_it.empty()) {
-      d.verdict += ": " + list_ranks(in_it) + (in_it.size() == 1 ? " has" : " have") +
-                   " waited in it for " + waited;
-    }
-    d.verdict += ".";
-    for (const Member& m : group.members) {
-      if (std::find(missing.begin(), missing.end(), m.rank) == missing.end()) continue;
-      d.verdict += " " + capitalized(list_ranks({m.rank}));
-      if (m.entries.empty()) {
-        d.verdict += " made no collective there";
-      } else {
-        const CollectiveEntry& last = *m.entries.back();
-        d.verdict += "'s last collective there was #" + std::to_string(last.seq) + " " +
-                     describe_call(last) + ", " + std::string(contract::state_name(last.state));
-        if (last.state != EntryState::kInFlight && last.ended_ns != 0) {
-          d.verdict += " " + describe_duration(now_ns - last.ended_ns) + " ago";
-        }
+  return a;
+}
+
+// " Rank 2's last collective there was #2 all_reduce(...), completed 3 s ago." for each
+// member that never entered the collective.
+std::string last_collectives(const Group& group, const std::vector<int>& missing,
+                             std::int64_t now_ns) {
+  std::string text;
+  for (const Member& m : group.members) {
+    if (std::find(missing.begin(), missing.end(), m.rank) == missing.end()) continue;
+    text += " " + capitalized(list_ranks({m.rank}));
+    if (m.entries.empty()) {
+      text += " made no collective there";
+    } else {
+      const CollectiveEntry& last = *m.entries.back();
+      text += "'s last collective there was #" + std::to_string(last.seq) + " " +
+              describe_call(last) + ", " + std::string(contract::state_name(last.state));
+      if (last.state != EntryState::kInFlight && last.ended_ns != 0) {
+        text += " " + describe_duration(now_ns - last.ended_ns) + " ago";
       }
-      d.verdict += ended(m) + ".";
     }
-    return d;
+    text += ended(m) + ".";
   }
-  // Every member entered it: do they agree on what it is?
+  return text;
+}
+
+// The members that entered collective #seq, grouped by what they called it with, the
+// largest group first; one group when they agree.
+std::vector<std::pair<const CollectiveEntry*, std::vector<int>>> callers(const Group& group,
+                                                                         std::uint64_t seq) {
   std::vector<std::pair<const CollectiveEntry*, std::vector<int>>> kinds;
   for (const Member& m : group.members) {
     const CollectiveEntry* e = at_seq(m, seq);
@@ -175,11 +176,35 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
       same->second.push_back(m.rank);
     }
   }
-  if (kinds.size() > 1) {
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  return kinds;
+}
+
+// The verdict for one group waiting on collective #seq.
+Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
+  Diagnosis d;
+  d.group = group.name;
+  d.seq = seq;
+  const std::string number = "#" + std::to_string(seq);
+  const Attendance a = attendance(group, seq, now_ns);
+  const std::string what = a.sample != nullptr ? describe_call(*a.sample) : "collective";
+  const std::string waited = describe_duration(now_ns - a.waited_since);
+  if (!a.missing.empty()) {
+    d.kind = Diagnosis::Kind::kMissing;
+    d.culprits = a.missing;
+    d.verdict = list_ranks(a.missing) + " never entered collective " + number + where(group) +
+                " (" + what + ")";
+    if (!a.in_it.empty()) {
+      d.verdict += ": " + list_ranks(a.in_it) + (a.in_it.size() == 1 ? " has" : " have") +
+                   " waited in it for " + waited;
+    }
+    d.verdict += "." + last_collectives(group, a.missing, now_ns);
+    return d;
+  }
+  // Every member entered it: do they agree on what it is?
+  if (const auto kinds = callers(group, seq); kinds.size() > 1) {
     d.kind = Diagnosis::Kind::kMismatch;
-    std::stable_sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) {
-      return a.second.size() > b.second.size();
-    });
     d.verdict = "the ranks disagree on collective " + number + where(group) + ": ";
     const bool tie = kinds[0].second.size() == kinds[1].second.size();
     for (std::size_t i = 1; i < kinds.size(); ++i) {
@@ -203,13 +228,13 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
     d.culprits = failed;
     d.verdict =
         "collective " + number + where(group) + " (" + what + ") failed on " + list_ranks(failed);
-    if (!in_it.empty()) d.verdict += "; " + list_ranks(in_it) + " still wait in it";
+    if (!a.in_it.empty()) d.verdict += "; " + list_ranks(a.in_it) + " still wait in it";
     d.verdict += ".";
     return d;
   }
   d.kind = Diagnosis::Kind::kStuck;
   d.verdict = "every rank" + where(group) + " entered collective " + number + " (" + what +
-              ") with the same arguments, and it has not completed on " + list_ranks(in_it) +
+              ") with the same arguments, and it has not completed on " + list_ranks(a.in_it) +
               " after " + waited + ": the transport is stuck.";
   return d;
 }

@@ -60,77 +60,13 @@ struct Launch {
 
 NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
     : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(contract::host_name()) {
-  const std::string endpoint = this->endpoint();
   const long long sequence = ++launches;
   const std::string launch = plan_.id + " " + std::to_string(plan_.nnodes) + " " +
                              std::to_string(gpus_per_node) + " " + std::to_string(sequence);
   if (plan_.node_rank == 0) {
-    try {
-      host_ = std::make_unique<rendezvous::HostStore>(plan_.host, plan_.port);
-      store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
-    } catch (const std::runtime_error& e) {
-      throw Error(std::string("node 0 cannot host the launch's store: ") + e.what() +
-                  "; name this node's own address in " + contract::spell("rdzv_endpoint") +
-                  ", with a port no other program holds");
-    }
-    store_->set("sgpu/launch", launch);
+    host(launch);
   } else {
-    const auto deadline = Clock::now() + join_timeout_;
-    const Launch wanted = Launch::parse(launch);
-    std::optional<std::string> hosted;
-    // Node 0's store for this process's previous launch may still be up, for the nodes
-    // that have not read its reports yet: this node waits for the next one.
-    while (true) {
-      try {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port,
-                                                           std::max(left, kRound * 2));
-        while (!(hosted = store_->get("sgpu/launch")) && Clock::now() < deadline) {
-          std::this_thread::sleep_for(kRound);
-        }
-      } catch (const std::runtime_error& e) {
-        if (Clock::now() < deadline) {  // the previous launch's store went as this node looked
-          std::this_thread::sleep_for(kRound);
-          continue;
-        }
-        throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
-                    endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
-                    "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
-                    ", check that this node can reach that address and port, or raise " +
-                    contract::spell("rdzv_timeout"));
-      }
-      if (!hosted) break;
-      const Launch found = Launch::parse(*hosted);
-      if (!found.same_but_sequence(wanted) || found.sequence >= wanted.sequence ||
-          Clock::now() >= deadline) {
-        break;
-      }
-      store_.reset();
-      std::this_thread::sleep_for(kRound);
-    }
-    if (!hosted) {
-      throw Error("the store at " + endpoint + " answers but hosts no sgpu launch: is " +
-                  contract::spell("rdzv_endpoint") + " another program's port?");
-    }
-    if (*hosted != launch) {
-      const Launch found = Launch::parse(*hosted);
-      const std::string what =
-          found.same_but_sequence(wanted)
-              ? "node 0 at " + endpoint + " hosts its launch number " +
-                    std::to_string(found.sequence) + " of this program, and node " +
-                    std::to_string(plan_.node_rank) + " asks for its number " +
-                    std::to_string(wanted.sequence) +
-                    ": every node's program must launch the same distributed calls, in the "
-                    "same order"
-              : "node 0 at " + endpoint + " hosts " + found.describe() + ", and node " +
-                    std::to_string(plan_.node_rank) + " asks for " + wanted.describe() +
-                    ": give every node the same " + contract::spell("nnodes") + ", " +
-                    contract::spell("gpus") + " and " + contract::spell("rdzv_id");
-      // The others stop at once too, rather than wait for this node to join.
-      if (!store_->get(key(plan_.node_rank, "ready"))) agree(what);
-      throw ConfigError(what);
-    }
+    join(launch);
   }
   if (store_->add(key(plan_.node_rank, "claim"), 1) > 1) {
     throw ConfigError("another node has joined the launch as node " +
@@ -139,6 +75,78 @@ NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds j
                       ")");
   }
   heard_.assign(static_cast<std::size_t>(plan_.nnodes), Heard{"", Clock::now()});
+}
+
+void NodeLink::host(const std::string& launch) {
+  try {
+    host_ = std::make_unique<rendezvous::HostStore>(plan_.host, plan_.port);
+    store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
+  } catch (const std::runtime_error& e) {
+    throw Error(std::string("node 0 cannot host the launch's store: ") + e.what() +
+                "; name this node's own address in " + contract::spell("rdzv_endpoint") +
+                ", with a port no other program holds");
+  }
+  store_->set("sgpu/launch", launch);
+}
+
+void NodeLink::join(const std::string& launch) {
+  const std::string endpoint = this->endpoint();
+  const auto deadline = Clock::now() + join_timeout_;
+  const Launch wanted = Launch::parse(launch);
+  std::optional<std::string> hosted;
+  // Node 0's store for this process's previous launch may still be up, for the nodes
+  // that have not read its reports yet: this node waits for the next one.
+  while (true) {
+    try {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port,
+                                                         std::max(left, kRound * 2));
+      while (!(hosted = store_->get("sgpu/launch")) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(kRound);
+      }
+    } catch (const std::runtime_error& e) {
+      if (Clock::now() < deadline) {  // the previous launch's store went as this node looked
+        std::this_thread::sleep_for(kRound);
+        continue;
+      }
+      throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
+                  endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
+                  "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
+                  ", check that this node can reach that address and port, or raise " +
+                  contract::spell("rdzv_timeout"));
+    }
+    if (!hosted) break;
+    const Launch found = Launch::parse(*hosted);
+    if (!found.same_but_sequence(wanted) || found.sequence >= wanted.sequence ||
+        Clock::now() >= deadline) {
+      break;
+    }
+    store_.reset();
+    std::this_thread::sleep_for(kRound);
+  }
+  if (!hosted) {
+    throw Error("the store at " + endpoint + " answers but hosts no sgpu launch: is " +
+                contract::spell("rdzv_endpoint") + " another program's port?");
+  }
+  if (*hosted != launch) {
+    const Launch found = Launch::parse(*hosted);
+    const std::string what =
+        found.same_but_sequence(wanted)
+            ? "node 0 at " + endpoint + " hosts its launch number " +
+                  std::to_string(found.sequence) + " of this program, and node " +
+                  std::to_string(plan_.node_rank) + " asks for its number " +
+                  std::to_string(wanted.sequence) +
+                  ": every node's program must launch the same distributed calls, in the "
+                  "same order"
+            : "node 0 at " + endpoint + " hosts " + found.describe() + ", and node " +
+                  std::to_string(plan_.node_rank) + " asks for " + wanted.describe() +
+                  ": give every node the same " + contract::spell("nnodes") + ", " +
+                  contract::spell("gpus") + " and " + contract::spell("rdzv_id");
+    // The others stop at once too, rather than wait for this node to join.
+    if (!store_->get(key(plan_.node_rank, "ready"))) agree(what);
+    throw ConfigError(what);
+  }
 }
 
 NodeLink::~NodeLink() {

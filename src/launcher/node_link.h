@@ -91,6 +91,11 @@ class NodeLink {
                              const std::function<bool()>& stop);
 
  private:
+  // Node 0: hosts the launch's store and names `launch` ("id nnodes gpus sequence") there.
+  void host(const std::string& launch);
+  // The other nodes: reach node 0's store, waiting out its previous launch's, and check
+  // that it hosts `launch`.
+  void join(const std::string& launch);
   std::string endpoint() const;  // node 0's store, "host:port"
   std::string key(int node, const char* what) const;
   bool silent(int node);  // its beat has stood still past kSilentLimit

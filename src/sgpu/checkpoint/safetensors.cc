@@ -147,27 +147,10 @@ const TensorEntry* Header::find(const std::string& name) const {
   return nullptr;
 }
 
-Header parse_header(std::span<const std::uint8_t> prefix, std::uint64_t file_size,
-                    const std::string& file) {
-  if (file_size < 8 || prefix.size() < 8) {
-    fail(file, "",
-         "file is " + std::to_string(file_size) +
-             " bytes, shorter than the 8-byte header length; it is truncated or not "
-             "a safetensors file");
-  }
-  const std::uint64_t length = header_length(prefix.data());
-  if (length > kMaxHeaderBytes) {
-    fail(file, "", "header length " + std::to_string(length) + " is above the 100 MB limit");
-  }
-  if (length > file_size - 8) {
-    fail(file, "",
-         "header length " + std::to_string(length) + " runs past the end of the " +
-             std::to_string(file_size) + "-byte file; it is truncated or corrupted");
-  }
-  if (prefix.size() < 8 + length) fail(file, "", "header not read in full");
-  const char* text = reinterpret_cast<const char*>(prefix.data() + 8);
-  if (length == 0 || text[0] != '{') fail(file, "", "header does not start with '{'");
+namespace {
 
+// The header's JSON, whose top-level names are unique.
+json parse_json(const char* text, std::uint64_t length, const std::string& file) {
   // Duplicate names: nlohmann keeps the last; the callback sees every top-level key.
   std::set<std::string> seen;
   std::string duplicate;
@@ -186,20 +169,12 @@ Header parse_header(std::span<const std::uint8_t> prefix, std::uint64_t file_siz
   }
   if (!duplicate.empty()) fail(file, duplicate, "the name appears twice in the header");
   if (!parsed.is_object()) fail(file, "", "header is not a JSON object");
+  return parsed;
+}
 
-  Header header;
-  header.data_start = 8 + length;
-  for (const auto& [name, value] : parsed.items()) {
-    if (name == "__metadata__") {
-      if (!value.is_object()) fail(file, "", "__metadata__ is not an object of strings");
-      for (const auto& [key, item] : value.items()) {
-        if (!item.is_string()) fail(file, "", "__metadata__ \"" + key + "\" is not a string");
-        header.metadata[key] = item.get<std::string>();
-      }
-      continue;
-    }
-    header.tensors.push_back(parse_entry(file, name, value));
-  }
+// The tensors, sorted by where their data is, cover the data section exactly: no overlap,
+// no hole, nothing past its end or after the last.
+void check_layout(Header& header, std::uint64_t file_size, const std::string& file) {
   std::sort(header.tensors.begin(), header.tensors.end(), [](const auto& a, const auto& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
@@ -227,6 +202,47 @@ Header parse_header(std::span<const std::uint8_t> prefix, std::uint64_t file_siz
              "cover " +
              std::to_string(cursor) + "; trailing bytes are not allowed");
   }
+}
+
+}  // namespace
+
+Header parse_header(std::span<const std::uint8_t> prefix, std::uint64_t file_size,
+                    const std::string& file) {
+  if (file_size < 8 || prefix.size() < 8) {
+    fail(file, "",
+         "file is " + std::to_string(file_size) +
+             " bytes, shorter than the 8-byte header length; it is truncated or not "
+             "a safetensors file");
+  }
+  const std::uint64_t length = header_length(prefix.data());
+  if (length > kMaxHeaderBytes) {
+    fail(file, "", "header length " + std::to_string(length) + " is above the 100 MB limit");
+  }
+  if (length > file_size - 8) {
+    fail(file, "",
+         "header length " + std::to_string(length) + " runs past the end of the " +
+             std::to_string(file_size) + "-byte file; it is truncated or corrupted");
+  }
+  if (prefix.size() < 8 + length) fail(file, "", "header not read in full");
+  const char* text = reinterpret_cast<const char*>(prefix.data() + 8);
+  if (length == 0 || text[0] != '{') fail(file, "", "header does not start with '{'");
+
+  const json parsed = parse_json(text, length, file);
+
+  Header header;
+  header.data_start = 8 + length;
+  for (const auto& [name, value] : parsed.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) fail(file, "", "__metadata__ is not an object of strings");
+      for (const auto& [key, item] : value.items()) {
+        if (!item.is_string()) fail(file, "", "__metadata__ \"" + key + "\" is not a string");
+        header.metadata[key] = item.get<std::string>();
+      }
+      continue;
+    }
+    header.tensors.push_back(parse_entry(file, name, value));
+  }
+  check_layout(header, file_size, file);
   return header;
 }
 

@@ -27,6 +27,53 @@ class UnitGradHook final : public torch::autograd::PostAccumulateGradHook {
   int unit_;
 };
 
+// The units to shard: the ones given, else the root's children that hold parameters;
+// then the root itself, for what no other unit holds.
+std::vector<const torch::nn::Module*> units_of(
+    const torch::nn::Module& root, const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  std::vector<const torch::nn::Module*> list;
+  if (units.empty()) {
+    for (const auto& child : root.children()) {
+      if (!child->parameters().empty()) list.push_back(child.get());
+    }
+  } else {
+    for (const auto& unit : units) list.push_back(unit.get());
+  }
+  list.push_back(&root);
+  return list;
+}
+
+// `module`'s parameters that no earlier unit took, in the root's order (`named`), laid out
+// in `unit`'s flat buffer; they must share dtype and device.
+std::vector<at::Tensor> take_parameters(const torch::nn::Module& module,
+                                        const torch::OrderedDict<std::string, at::Tensor>& named,
+                                        std::unordered_set<const c10::TensorImpl*>& taken,
+                                        UnitShard& unit) {
+  std::unordered_set<const c10::TensorImpl*> mine;
+  for (const auto& p : module.parameters()) mine.insert(p.unsafeGetTensorImpl());
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : named) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    if (!mine.count(impl) || taken.count(impl)) continue;
+    taken.insert(impl);
+    const at::Tensor& p = item.value();
+    if (!tensors.empty() &&
+        (p.scalar_type() != tensors[0].scalar_type() || p.device() != tensors[0].device())) {
+      throw Error("sgpu FullyShardedDataParallel: parameter '" + item.key() + "' is " +
+                  std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
+                  " but '" + unit.params[0].name + "' of the same unit is " +
+                  std::string(c10::toString(tensors[0].scalar_type())) + " on " +
+                  tensors[0].device().str() +
+                  "; a unit's parameters must share dtype and device (make them units of "
+                  "their own)");
+    }
+    unit.params.push_back({item.key(), p.sizes().vec(), unit.flat_numel, p.numel()});
+    unit.flat_numel += p.numel();
+    tensors.push_back(p);
+  }
+  return tensors;
+}
+
 }  // namespace
 
 FsdpEngine::FsdpEngine(torch::nn::Module& root,
@@ -42,41 +89,10 @@ FsdpEngine::FsdpEngine(torch::nn::Module& root,
     broadcast_from_rank0(group_, state);
   }
 
-  std::vector<const torch::nn::Module*> unit_list;
-  if (units.empty()) {
-    for (const auto& child : root_.children()) {
-      if (!child->parameters().empty()) unit_list.push_back(child.get());
-    }
-  } else {
-    for (const auto& unit : units) unit_list.push_back(unit.get());
-  }
-  unit_list.push_back(&root_);  // what no other unit holds
-
   std::unordered_set<const c10::TensorImpl*> taken;
-  for (const torch::nn::Module* module : unit_list) {
-    std::unordered_set<const c10::TensorImpl*> mine;
-    for (const auto& p : module->parameters()) mine.insert(p.unsafeGetTensorImpl());
+  for (const torch::nn::Module* module : units_of(root_, units)) {
     UnitShard unit;
-    std::vector<at::Tensor> tensors;
-    for (const auto& item : named) {
-      const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
-      if (!mine.count(impl) || taken.count(impl)) continue;
-      taken.insert(impl);
-      const at::Tensor& p = item.value();
-      if (!tensors.empty() &&
-          (p.scalar_type() != tensors[0].scalar_type() || p.device() != tensors[0].device())) {
-        throw Error("sgpu FullyShardedDataParallel: parameter '" + item.key() + "' is " +
-                    std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
-                    " but '" + unit.params[0].name + "' of the same unit is " +
-                    std::string(c10::toString(tensors[0].scalar_type())) + " on " +
-                    tensors[0].device().str() +
-                    "; a unit's parameters must share dtype and device (make them units of "
-                    "their own)");
-      }
-      unit.params.push_back({item.key(), p.sizes().vec(), unit.flat_numel, p.numel()});
-      unit.flat_numel += p.numel();
-      tensors.push_back(p);
-    }
+    std::vector<at::Tensor> tensors = take_parameters(*module, named, taken, unit);
     if (tensors.empty()) {
       if (module != &root_ && !units.empty()) {
         throw Error(

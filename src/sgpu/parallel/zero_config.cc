@@ -46,6 +46,66 @@ double positive(double value, const std::string& name, bool zero_ok) {
   return value;
 }
 
+void read_zero_optimization(const json& zero, ZeroConfig& config) {
+  if (!zero.is_object()) bad("zero_optimization", "must be an object");
+  only_keys(zero, "zero_optimization", {"stage"});
+  if (!zero.contains("stage")) return;
+  config.stage = get<int>(zero, "stage", "zero_optimization.stage");
+  if (config.stage != 1 && config.stage != 2) {
+    bad("zero_optimization.stage", "is " + std::to_string(config.stage) +
+                                       "; stages 1 and 2 are supported (stage 3 is "
+                                       "sgpu::parallel::FullyShardedDataParallel)");
+  }
+}
+
+// optimizer.params, for the optimizer's type (already read).
+void read_optimizer_params(const json& p, ZeroConfig& config) {
+  if (!p.is_object()) bad("optimizer.params", "must be an object");
+  const bool sgd = config.optimizer == "SGD";
+  std::set<std::string> allowed{"lr", "weight_decay"};
+  if (sgd) {
+    allowed.insert({"momentum", "dampening", "nesterov"});
+  } else {
+    allowed.insert({"betas", "eps"});
+    if (config.optimizer == "Adam") allowed.insert("adam_w_mode");
+  }
+  only_keys(p, "optimizer.params", allowed);
+  // A number param: its value, checked positive (or non-negative where zero means off).
+  const auto number = [&](const char* key, bool zero_ok) {
+    const std::string name = std::string("optimizer.params.") + key;
+    return positive(get<double>(p, key, name), name, zero_ok);
+  };
+  if (p.contains("lr")) config.lr = number("lr", false);
+  if (p.contains("weight_decay")) config.weight_decay = number("weight_decay", true);
+  if (p.contains("eps")) config.eps = number("eps", false);
+  if (p.contains("betas")) {
+    const auto betas = get<std::vector<double>>(p, "betas", "optimizer.params.betas");
+    if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1) {
+      bad("optimizer.params.betas", "must be two numbers in [0, 1), not " + p["betas"].dump());
+    }
+    config.betas = {betas[0], betas[1]};
+  }
+  if (p.contains("adam_w_mode")) {
+    config.adam_w_mode = get<bool>(p, "adam_w_mode", "optimizer.params.adam_w_mode");
+  }
+  if (p.contains("momentum")) config.momentum = number("momentum", true);
+  if (p.contains("dampening")) config.dampening = number("dampening", true);
+  if (p.contains("nesterov"))
+    config.nesterov = get<bool>(p, "nesterov", "optimizer.params.nesterov");
+}
+
+void read_optimizer(const json& opt, ZeroConfig& config) {
+  if (!opt.is_object()) bad("optimizer", "must be an object");
+  only_keys(opt, "optimizer", {"type", "params"});
+  if (opt.contains("type")) {
+    config.optimizer = get<std::string>(opt, "type", "optimizer.type");
+    if (config.optimizer != "Adam" && config.optimizer != "AdamW" && config.optimizer != "SGD") {
+      bad("optimizer.type", "is \"" + config.optimizer + "\"; supported: Adam, AdamW, SGD");
+    }
+  }
+  if (opt.contains("params")) read_optimizer_params(opt["params"], config);
+}
+
 }  // namespace
 
 ZeroConfig ZeroConfig::parse(const std::string& text) {
@@ -79,73 +139,8 @@ ZeroConfig ZeroConfig::parse(const std::string& text) {
     config.gradient_clipping = positive(get<double>(root, "gradient_clipping", "gradient_clipping"),
                                         "gradient_clipping", true);
   }
-  if (root.contains("zero_optimization")) {
-    const json& zero = root["zero_optimization"];
-    if (!zero.is_object()) bad("zero_optimization", "must be an object");
-    only_keys(zero, "zero_optimization", {"stage"});
-    if (zero.contains("stage")) {
-      config.stage = get<int>(zero, "stage", "zero_optimization.stage");
-      if (config.stage != 1 && config.stage != 2) {
-        bad("zero_optimization.stage", "is " + std::to_string(config.stage) +
-                                           "; stages 1 and 2 are supported (stage 3 is "
-                                           "sgpu::parallel::FullyShardedDataParallel)");
-      }
-    }
-  }
-  if (root.contains("optimizer")) {
-    const json& opt = root["optimizer"];
-    if (!opt.is_object()) bad("optimizer", "must be an object");
-    only_keys(opt, "optimizer", {"type", "params"});
-    if (opt.contains("type")) {
-      config.optimizer = get<std::string>(opt, "type", "optimizer.type");
-      if (config.optimizer != "Adam" && config.optimizer != "AdamW" && config.optimizer != "SGD") {
-        bad("optimizer.type", "is \"" + config.optimizer + "\"; supported: Adam, AdamW, SGD");
-      }
-    }
-    if (opt.contains("params")) {
-      const json& p = opt["params"];
-      if (!p.is_object()) bad("optimizer.params", "must be an object");
-      const bool sgd = config.optimizer == "SGD";
-      std::set<std::string> allowed{"lr", "weight_decay"};
-      if (sgd) {
-        allowed.insert({"momentum", "dampening", "nesterov"});
-      } else {
-        allowed.insert({"betas", "eps"});
-        if (config.optimizer == "Adam") allowed.insert("adam_w_mode");
-      }
-      only_keys(p, "optimizer.params", allowed);
-      if (p.contains("lr"))
-        config.lr =
-            positive(get<double>(p, "lr", "optimizer.params.lr"), "optimizer.params.lr", false);
-      if (p.contains("weight_decay")) {
-        config.weight_decay =
-            positive(get<double>(p, "weight_decay", "optimizer.params.weight_decay"),
-                     "optimizer.params.weight_decay", true);
-      }
-      if (p.contains("eps"))
-        config.eps =
-            positive(get<double>(p, "eps", "optimizer.params.eps"), "optimizer.params.eps", false);
-      if (p.contains("betas")) {
-        const auto betas = get<std::vector<double>>(p, "betas", "optimizer.params.betas");
-        if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1) {
-          bad("optimizer.params.betas", "must be two numbers in [0, 1), not " + p["betas"].dump());
-        }
-        config.betas = {betas[0], betas[1]};
-      }
-      if (p.contains("adam_w_mode"))
-        config.adam_w_mode = get<bool>(p, "adam_w_mode", "optimizer.params.adam_w_mode");
-      if (p.contains("momentum")) {
-        config.momentum = positive(get<double>(p, "momentum", "optimizer.params.momentum"),
-                                   "optimizer.params.momentum", true);
-      }
-      if (p.contains("dampening")) {
-        config.dampening = positive(get<double>(p, "dampening", "optimizer.params.dampening"),
-                                    "optimizer.params.dampening", true);
-      }
-      if (p.contains("nesterov"))
-        config.nesterov = get<bool>(p, "nesterov", "optimizer.params.nesterov");
-    }
-  }
+  if (root.contains("zero_optimization")) read_zero_optimization(root["zero_optimization"], config);
+  if (root.contains("optimizer")) read_optimizer(root["optimizer"], config);
   return config;
 }
 
