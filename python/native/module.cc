@@ -29,6 +29,7 @@
 #include "backend/gpu_type.h"
 #include "contract/front_end.h"
 #include "contract/host_memory.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
@@ -54,72 +55,47 @@ namespace py = pybind11;
 namespace sgpu::python {
 namespace {
 
-// The decorator's keywords (already type-checked by sgpu._options) as sgpu::Options.
+// A keyword's value as its row of the option table takes it (NOTE [The option table]).
+contract::OptionValue option_value(const contract::OptionRow& row, const py::handle& value) {
+  if (value.is_none()) return std::monostate{};
+  switch (row.type) {
+    case contract::OptionType::kInt:
+      return py::cast<long long>(value);
+    case contract::OptionType::kString:
+      return py::cast<std::string>(value);
+    case contract::OptionType::kBool:
+      return py::cast<bool>(value);
+    case contract::OptionType::kSeconds:
+    case contract::OptionType::kTimeout:
+      return py::cast<double>(value);
+    case contract::OptionType::kRanks:
+      return py::cast<std::vector<int>>(value);
+  }
+  return std::monostate{};
+}
+
+// The decorator's keywords (already type-checked by sgpu._decorator against the same
+// table) as sgpu::Options.
 Options options_from(const py::dict& given) {
   Options options;
-  for (const auto& [key_handle, value] : given) {
-    const std::string key = py::cast<std::string>(key_handle);
-    if (key == "gpus") {
-      options.gpus = py::cast<int>(value);
-    } else if (key == "gpu_type") {
-      options.gpu_type = py::cast<std::string>(value);
-    } else if (key == "timeout") {
-      options.timeout = value.is_none() ? kNoTimeout : timeout_of_seconds(py::cast<double>(value));
-    } else if (key == "hang_timeout") {
-      options.hang_timeout =
-          value.is_none() ? kNoTimeout : timeout_of_seconds(py::cast<double>(value));
-    } else if (key == "recorder_entries") {
-      options.recorder_entries = py::cast<std::uint32_t>(value);
-    } else if (key == "backend") {
-      options.backend = py::cast<std::string>(value);
-    } else if (key == "sim_node") {
-      options.sim_node = py::cast<std::string>(value);
-    } else if (key == "sim_faults") {
-      options.sim_faults = py::cast<std::string>(value);
-    } else if (key == "sim_transport") {
-      options.sim_transport = py::cast<std::string>(value);
-    } else if (key == "sim_compute") {
-      options.sim_compute = py::cast<std::string>(value);
-    } else if (key == "sim_cuda") {
-      options.sim_cuda = py::cast<bool>(value);
-    } else if (key == "runs_dir") {
-      options.runs_dir = py::cast<std::string>(value);
-    } else if (key == "keep_run_dir") {
-      options.keep_run_dir = py::cast<bool>(value);
-    } else if (key == "console_ranks") {
-      if (!value.is_none()) options.console_ranks = py::cast<std::vector<int>>(value);
-    } else if (key == "max_payload_bytes") {
-      options.max_payload_bytes = py::cast<std::size_t>(value);
-    } else if (key == "teardown_grace") {
-      options.teardown_grace = duration_of_seconds(py::cast<double>(value));
-    } else if (key == "start_method") {
-      const auto method = py::cast<std::string>(value);
-      options.start_method = method == "exec"          ? StartMethod::kExec
-                             : method == "fork-server" ? StartMethod::kForkServer
-                                                       : StartMethod::kAuto;
-    } else if (key == "name") {
-      options.name = py::cast<std::string>(value);
-    } else if (key == "tracking") {
-      options.tracking = py::cast<bool>(value);
-    } else if (key == "tracking_uri") {
-      options.tracking_uri = py::cast<std::string>(value);
-    } else if (key == "experiment") {
-      options.experiment = py::cast<std::string>(value);
-    } else if (key == "nnodes") {
-      options.nnodes = py::cast<int>(value);
-    } else if (key == "node_rank") {
-      options.node_rank = py::cast<int>(value);
-    } else if (key == "rdzv_endpoint") {
-      options.rdzv_endpoint = py::cast<std::string>(value);
-    } else if (key == "rdzv_id") {
-      options.rdzv_id = py::cast<std::string>(value);
-    } else if (key == "rdzv_timeout") {
-      options.rdzv_timeout = duration_of_seconds(py::cast<double>(value));
-    } else {
-      throw ConfigError("unknown option " + key);
-    }
+  for (const auto& [key, value] : given) {
+    const std::string name = py::cast<std::string>(key);
+    const contract::OptionRow* row = contract::find_option(name);
+    if (row == nullptr) throw ConfigError("unknown option " + name);
+    row->set(options, option_value(*row, value));
   }
   return options;
+}
+
+// The option table as the decorator checks its keywords: (name, type, what it must be).
+py::list option_table() {
+  static const char* const kTypes[] = {"int", "str", "bool", "seconds", "timeout", "ranks"};
+  py::list rows;
+  for (const contract::OptionRow& row : contract::option_table()) {
+    rows.append(py::make_tuple(std::string(row.name), kTypes[static_cast<int>(row.type)],
+                               std::string(row.must_be)));
+  }
+  return rows;
 }
 
 // "exit_code" for RankFailure::Kind::kExitCode: to_string's words, joined as Python's.
@@ -551,6 +527,7 @@ void bind_caller_side(py::module_& m) {
         py::arg("function_name"), py::arg("console") = py::none(),
         py::arg("parent_run_id") = std::string(),
         py::arg("fork_server") = std::vector<std::string>());
+  m.def("option_table", &option_table);
   m.def("serve_forks", &serve_forks);
   m.def("fork_server_pid", [](const std::vector<std::string>& command) {
     return static_cast<long>(sgpu::launcher::fork_server_pid(command));

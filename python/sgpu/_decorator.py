@@ -28,48 +28,34 @@ from sgpu import errors
 DEFAULT_TIMEOUT = 3 * 60 * 60.0  # seconds: three hours, as in C++
 _UNSET = object()
 
-# keyword: (accepted types, what it must be)
-_OPTION_TYPES = {
-    "gpus": (int, "a positive int"),
-    "gpu_type": (str, 'a GPU type such as "H100"'),
-    "timeout": ((int, float, type(None)),
-                "seconds (a positive number; float('inf') is none), or None for no deadline"),
-    "hang_timeout": (
-        (int, float, type(None)),
-        "seconds (a positive number), or None to never judge a call hung",
-    ),
-    "recorder_entries": (int, "a number of collectives (0: none recorded)"),
-    "backend": (str, '"auto", "cuda" or "sim"'),
-    "sim_node": (str, 'a node spec such as "8xH100"'),
-    "sim_faults": (str, 'a fault plan such as "rank=1:segv@collective=3"'),
-    "sim_transport": (str, '"shm" or "gloo"'),
-    "sim_compute": (str, '"values" or "shapes"'),
-    "sim_cuda": (bool, "True (a rank's cuda devices are the simulated GPUs) or False (CPU)"),
-    "runs_dir": (str, "a folder"),
-    "keep_run_dir": (bool, "True or False"),
-    "console_ranks": ((list, tuple, type(None)), "a list of ranks, or None for all"),
-    "max_payload_bytes": (int, "a positive int"),
-    "teardown_grace": ((int, float), "seconds (not negative)"),
-    "start_method": (str, '"auto", "fork-server" or "exec"'),
-    "name": (str, "a name"),
-    "tracking": (bool, "True or False"),
-    "tracking_uri": (str, "an MLflow tracking URI"),
-    "experiment": (str, "an experiment name"),
-    "nnodes": (int, "a number of nodes (0: from the engine, else 1)"),
-    "node_rank": (int, "this node's place, 0 to nnodes-1 (-1: from the engine)"),
-    "rdzv_endpoint": (str, 'node 0\'s store as "HOST[:PORT]"'),
-    "rdzv_id": (str, "the launch's name, the same on every node"),
-    "rdzv_timeout": ((int, float), "seconds (a positive number) for every node to join"),
+# The Python types each kind of option in the option table takes (NOTE [The option table]
+# in src/contract/option_table.h: the keywords, their kinds and what each must be are its).
+_KINDS = {
+    "int": int,
+    "str": str,
+    "bool": bool,
+    "seconds": (int, float),
+    "timeout": (int, float, type(None)),
+    "ranks": (list, tuple, type(None)),
 }
+
+
+@functools.cache
+def _option_types() -> dict:
+    """keyword: (accepted types, what it must be), from the C++ option table."""
+    from sgpu import _native
+
+    return {name: (_KINDS[kind], what) for name, kind, what in _native.option_table()}
 
 
 def _check_options(options: dict) -> dict:
     checked = {}
     for key, value in options.items():
-        if key not in _OPTION_TYPES:
-            known = ", ".join(_OPTION_TYPES)
+        types = _option_types()
+        if key not in types:
+            known = ", ".join(types)
             raise errors.ConfigError(f"unknown option {key}=...; the options are {known}")
-        kinds, what = _OPTION_TYPES[key]
+        kinds, what = types[key]
         if isinstance(value, bool) and kinds is not bool:  # a bool is an int to Python
             raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
         if not isinstance(value, kinds):

@@ -24,6 +24,7 @@
 
 #include "backend/backend_table.h"
 #include "cli/model_command.h"
+#include "cli/run_flags.h"
 #include "contract/front_end.h"
 #include "launcher/node_link.h"
 #include "launcher/nodes.h"
@@ -65,13 +66,6 @@ int info() {
     }
   }
   return 0;
-}
-
-std::vector<int> parse_ranks(const std::string& text) {
-  std::vector<int> ranks;
-  std::stringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) ranks.push_back(std::stoi(part));
-  return ranks;
 }
 
 int run(sgpu::Options options, const std::vector<std::string>& command) {
@@ -175,136 +169,6 @@ std::string unknown_run_flag(const CLI::App& run, int argc, char** argv) {
   return {};
 }
 
-// `sgpu run`'s flags, as given.
-struct RunFlags {
-  CLI::App* command_line = nullptr;
-  int gpus = 1;
-  std::string gpu_type, backend = "auto", timeout = "10800", hang_timeout = "600", log_dir, ranks,
-                        run_name, experiment, sim_compute;
-  bool no_tracking = false, keep_run_dir = false;
-  int nnodes = 0, node_rank = -1;
-  std::string rdzv_endpoint, rdzv_id, rdzv_timeout = "600";
-  std::vector<std::string> command;
-};
-
-void add_run_command(CLI::App& app, RunFlags& f) {
-  CLI::App* run_cmd = f.command_line = app.add_subcommand(
-      "run", "Start PROGRAM on N ranks with torchrun's environment (RANK, WORLD_SIZE, ...)");
-  run_cmd->footer(
-      "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
-      "128+signal; 124 on timeout or hang; 3 when the node cannot serve the request; 2 for bad\n"
-      "flags or options (a tracking URI that cannot work, say).\n"
-      "Standard input: every rank reads /dev/null (not sgpu's own standard input); give a\n"
-      "rank its input in a file or in its arguments.\n"
-      "Example:\n"
-      "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
-      "print(os.environ[\"RANK\"])'\n"
-      "  srun -N2 --ntasks-per-node=1 sgpu run --gpus 8 -- python train.py   (two nodes)\n"
-      "  sgpu run --nnodes 2 --node-rank 0 --rdzv-endpoint n1:29500 --gpus 8 -- python train.py\n"
-      "  sgpu run --gpus 8 --backend sim --sim-compute shapes -- python "
-      "examples/models/llama_step.py");
-  run_cmd->add_option("--gpus", f.gpus, "Ranks to start, one per GPU")->capture_default_str();
-  run_cmd->add_option("--gpu-type", f.gpu_type, "GPU type the node must have (detected if unset)");
-  run_cmd->add_option("--backend", f.backend, "auto, cuda or sim (SGPU_BACKEND overrides)")
-      ->capture_default_str();
-  run_cmd->add_option("--timeout", f.timeout, "Seconds, or none")->capture_default_str();
-  run_cmd
-      ->add_option("--hang-timeout", f.hang_timeout,
-                   "Seconds a collective may be in flight before the call is judged hung, or "
-                   "none (SGPU_HANG_TIMEOUT overrides)")
-      ->capture_default_str();
-  run_cmd->add_option("--log-dir", f.log_dir, "Where run folders go");
-  run_cmd->add_flag("--keep-run-dir", f.keep_run_dir,
-                    "Keep the run folder (the ranks' logs) after a success too; a failure's "
-                    "is always kept");
-  run_cmd->add_option("--ranks", f.ranks, "Ranks whose output the console shows, e.g. 0,3");
-  run_cmd->add_option("--run-name", f.run_name,
-                      "Name of the launch in errors and of its MLflow run");
-  run_cmd->add_option("--experiment", f.experiment,
-                      "MLflow experiment of the launch's run (created if missing)");
-  run_cmd->add_flag("--no-tracking", f.no_tracking, "Record no MLflow run (as SGPU_TRACKING=off)");
-  run_cmd->add_option("--sim-compute", f.sim_compute,
-                      "On sim: values, or shapes (a Python program's tensors carry shapes and no "
-                      "data; default: SGPU_SIM_COMPUTE, else values)");
-  run_cmd
-      ->add_option("--nnodes", f.nnodes,
-                   "Nodes in the launch, each running this same command (default: what torchrun's "
-                   "PET_NNODES, a Slurm step or mpirun says, else 1)")
-      ->check(CLI::PositiveNumber);
-  run_cmd
-      ->add_option("--node-rank", f.node_rank,
-                   "This node's place, 0 to nnodes-1; node 0 hosts the store (default: detected)")
-      ->check(CLI::NonNegativeNumber);
-  run_cmd->add_option("--rdzv-endpoint", f.rdzv_endpoint,
-                      "HOST[:PORT] of node 0's store, an address node 0 has and the others reach "
-                      "(port 29500 if left out; default: MASTER_ADDR/MASTER_PORT or the engine's)");
-  run_cmd->add_option("--rdzv-id", f.rdzv_id, "The launch's id, the same on every node");
-  run_cmd->add_option("--rdzv-timeout", f.rdzv_timeout, "Seconds for every node to join the launch")
-      ->capture_default_str();
-  run_cmd->add_option("command", f.command, "PROGRAM ARGS... (after --)")->required();
-}
-
-// A timeout flag's seconds, or none; nullopt (said on stderr) for what is not one, or not
-// above 0.
-std::optional<sgpu::Timeout> timeout_flag(const char* flag, const std::string& text,
-                                          const char* none_means) {
-  sgpu::Timeout timeout;
-  try {
-    timeout = sgpu::parse_timeout(text);
-  } catch (const std::exception&) {
-    std::cerr << "sgpu run: " << flag << " takes seconds or none, got \"" << text << "\"\n";
-    return std::nullopt;
-  }
-  if (timeout && timeout->count() <= 0) {
-    std::cerr << "sgpu run: " << flag << " takes seconds or none, got \"" << text
-              << "\"; give more than 0 seconds, or none " << none_means << "\n";
-    return std::nullopt;
-  }
-  return timeout;
-}
-
-// The call's options from `sgpu run`'s flags; nullopt (said on stderr) for a bad one.
-std::optional<sgpu::Options> options_of(const RunFlags& f) {
-  sgpu::Options options;
-  options.gpus = f.gpus;
-  options.gpu_type = f.gpu_type;
-  options.backend = f.backend;
-  options.runs_dir = f.log_dir;
-  options.keep_run_dir = f.keep_run_dir;
-  options.name = f.run_name;
-  options.experiment = f.experiment;
-  options.tracking = !f.no_tracking;
-  options.sim_compute = f.sim_compute;
-  options.nnodes = f.nnodes;
-  options.node_rank = f.node_rank;
-  options.rdzv_endpoint = f.rdzv_endpoint;
-  options.rdzv_id = f.rdzv_id;
-  try {
-    const sgpu::Timeout join = sgpu::parse_timeout(f.rdzv_timeout);  // none: the longest there is
-    if (join && join->count() <= 0) throw std::invalid_argument(f.rdzv_timeout);
-    options.rdzv_timeout = join ? *join : sgpu::kLongestDuration;
-  } catch (const std::exception&) {
-    std::cerr << "sgpu run: --rdzv-timeout takes seconds (more than 0), got \"" << f.rdzv_timeout
-              << "\"\n";
-    return std::nullopt;
-  }
-  const auto timeout = timeout_flag("--timeout", f.timeout, "for no deadline");
-  if (!timeout) return std::nullopt;
-  options.timeout = *timeout;
-  const auto hang = timeout_flag("--hang-timeout", f.hang_timeout, "to never judge a launch hung");
-  if (!hang) return std::nullopt;
-  options.hang_timeout = *hang;
-  if (!f.ranks.empty()) {
-    try {
-      options.console_ranks = parse_ranks(f.ranks);
-    } catch (const std::exception&) {
-      std::cerr << "sgpu run: --ranks takes a list like 0,3, got \"" << f.ranks << "\"\n";
-      return std::nullopt;
-    }
-  }
-  return options;
-}
-
 // `sgpu bench collectives`'s flags, as given.
 struct BenchFlags {
   CLI::App* collectives = nullptr;
@@ -381,8 +245,8 @@ int main(int argc, char** argv) {
       "  sgpu bench collectives --gpus 8 --ops allreduce --max-bytes 1G\n"
       "  sgpu model validate h100-nvswitch");
   app.add_subcommand("info", "Show the backends built in, the GPUs they see, and versions");
-  RunFlags run_flags;
-  add_run_command(app, run_flags);
+  sgpu::cli::RunFlags run_flags;
+  sgpu::cli::add_run_command(app, run_flags);
   BenchFlags bench_flags;
   add_bench_command(app, bench_flags);
   std::string sync_dir;
@@ -409,6 +273,6 @@ int main(int argc, char** argv) {
     return sync_tracking(sgpu::runs_dir_of(where));
   }
   if (app.got_subcommand("bench")) return run_bench(bench_flags);
-  const std::optional<sgpu::Options> options = options_of(run_flags);
+  const std::optional<sgpu::Options> options = sgpu::cli::options_of(run_flags);
   return options ? run(*options, run_flags.command) : kUsageError;
 }

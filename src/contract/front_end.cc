@@ -1,35 +1,19 @@
 #include "contract/front_end.h"
 
 #include <atomic>
-#include <map>
+
+#include "contract/option_table.h"
 
 namespace sgpu::contract {
 namespace {
 
 std::atomic<FrontEnd> g_front_end{FrontEnd::kCpp};
 
-// The sgpu command's flag for each Options member it has one for.
+// The sgpu command's flag for an Options member (NOTE [The option table]); the member's
+// name where the command has none.
 std::string flag_of(std::string_view setting) {
-  static const std::map<std::string_view, std::string_view> flags = {
-      {"gpus", "--gpus"},
-      {"gpu_type", "--gpu-type"},
-      {"backend", "--backend"},
-      {"timeout", "--timeout"},
-      {"runs_dir", "--log-dir"},
-      {"console_ranks", "--ranks"},
-      {"name", "--run-name"},
-      {"experiment", "--experiment"},
-      {"tracking", "--no-tracking"},
-      {"hang_timeout", "--hang-timeout"},
-      {"nnodes", "--nnodes"},
-      {"node_rank", "--node-rank"},
-      {"rdzv_endpoint", "--rdzv-endpoint"},
-      {"rdzv_id", "--rdzv-id"},
-      {"rdzv_timeout", "--rdzv-timeout"},
-      {"sim_compute", "--sim-compute"},
-  };
-  const auto it = flags.find(setting);
-  return it != flags.end() ? std::string(it->second) : std::string(setting);
+  const OptionRow* row = find_option(setting);
+  return row != nullptr && !row->flag.empty() ? std::string(row->flag) : std::string(setting);
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ void check_options(const Options& options) {
                       std::to_string(options.hang_timeout->count()) + " ms; use " +
                       contract::spell_none("hang_timeout") + " to never judge a call hung");
   }
+  if (options.rdzv_timeout.count() <= 0) {
+    throw ConfigError(contract::spell("rdzv_timeout") + " must be positive seconds, got " +
+                      std::to_string(options.rdzv_timeout.count()) + " ms");
+  }
   if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
   if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
   if (options.console_ranks) {

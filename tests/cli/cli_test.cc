@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/option_table.h"
 #include "testing/process_table.h"
 #include "testing/temp_dir.h"
 #include "tracking/file/file_store.h"
@@ -191,10 +192,14 @@ TEST(SgpuRun, BadFlagsExit2WithUsage) {
   expect_has(r.output, "--timeout takes seconds or none");
   // No number of seconds, or none that is positive (once undefined behaviour in the
   // conversion; found by tests/fuzz/decoders_fuzz.cc).
-  for (const char* seconds : {"nan", "-1e300", "-inf", "0"}) {
+  r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "nan", "--", "true"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--timeout takes seconds or none, got \"nan\"");
+  for (const char* seconds : {"-1e300", "-inf", "0"}) {
     r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", seconds, "--", "true"});
     EXPECT_EQ(r.status, 2) << seconds << ": " << r.output;
-    expect_has(r.output, std::string("--timeout takes seconds or none, got \"") + seconds);
+    expect_has(r.output, "--timeout must be positive, got ");
+    expect_has(r.output, "use --timeout none for no deadline");
   }
   // Past what a clock holds, no deadline: the launch runs.
   for (const char* seconds : {"inf", "1e300", "1e10"}) {
@@ -225,7 +230,7 @@ void expect_lacks(const std::string& text, const std::string& part) {
 TEST(SgpuRun, MessagesNameFlagsNotCppSymbols) {
   Result r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--timeout", "-5", "--", "true"});
   EXPECT_EQ(r.status, 2) << r.output;
-  expect_has(r.output, "--timeout takes seconds or none, got \"-5\"");
+  expect_has(r.output, "--timeout must be positive, got -5000 ms");
   expect_lacks(r.output, "sgpu::");
   r = sgpu({"run", "--gpus", "2", "--backend", "sim", "--gpu-type", "A10", "--", "true"});
   EXPECT_EQ(r.status, 3) << r.output;
@@ -361,6 +366,15 @@ TEST(SgpuHelp, EveryCommandHasHelpWithExamples) {
   const Result sync = sgpu({"tracking", "sync", "--help"});
   EXPECT_EQ(sync.status, 0) << sync.output;
   expect_has(sync.output, "sgpu tracking sync --log-dir");
+}
+
+// Advice for the command names the option table's flags (NOTE [The option table]): each is
+// one that sgpu run takes.
+TEST(SgpuHelp, RunTakesEveryFlagOfTheOptionTable) {
+  const Result r = sgpu({"run", "--help"});
+  for (const auto& row : sgpu::contract::option_table()) {
+    if (!row.flag.empty()) expect_has(r.output, std::string(row.flag) + " ");
+  }
 }
 
 }  // namespace

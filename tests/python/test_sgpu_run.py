@@ -269,12 +269,21 @@ def test_any_long_enough_timeout_lets_a_quick_program_finish(tmp_path, timeout):
     assert out.count("done") == 2
 
 
-@pytest.mark.parametrize("timeout", ["nan", "abc", "0", "-5", " 5"])
-def test_a_timeout_that_is_no_positive_number_is_refused(tmp_path, timeout):
+@pytest.mark.parametrize(
+    "timeout, says",
+    [
+        ("nan", 'takes seconds or none, got "nan"'),
+        ("abc", 'takes seconds or none, got "abc"'),
+        (" 5", 'takes seconds or none, got " 5"'),
+        ("0", "must be positive, got 0 ms; use --timeout none for no deadline"),
+        ("-5", "must be positive, got -5000 ms; use --timeout none for no deadline"),
+    ],
+)
+def test_a_timeout_that_is_no_positive_number_is_refused(tmp_path, timeout, says):
     code, _, err = run(tmp_path, "print('done')", "--gpus", "1", "--timeout", timeout,
                        env={"SGPU_TRACKING": "off"})
     assert code == 2, err
-    assert f'--timeout takes seconds or none, got "{timeout}"' in err
+    assert f"--timeout {says}" in err
 
 
 def test_an_unknown_flag_is_named_with_the_one_meant(tmp_path):

@@ -1,0 +1,192 @@
+#include "cli/run_flags.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+#include "contract/option_table.h"
+
+namespace sgpu::cli {
+namespace {
+
+using contract::OptionRow;
+using contract::OptionType;
+using contract::OptionValue;
+
+// A row's Markdown as the command's help shows it: "[text](link)" is text, code is plain.
+std::string plain(std::string_view markdown) {
+  std::string text;
+  for (std::size_t i = 0; i < markdown.size(); ++i) {
+    const char c = markdown[i];
+    if (c == '`') continue;
+    if (c == '\\' && i + 1 < markdown.size()) {
+      text += markdown[++i];
+      continue;
+    }
+    if (c == '[') {  // a link: its text, without the target
+      const std::size_t close = markdown.find("](", i);
+      const std::size_t end = close == std::string_view::npos ? close : markdown.find(')', close);
+      if (end != std::string_view::npos) {
+        text += markdown.substr(i + 1, close - i - 1);
+        i = end;
+        continue;
+      }
+    }
+    text += c;
+  }
+  return text;
+}
+
+// The flag's help: the row's doc ("--no-..." flags say what they leave out) and default.
+std::string help_of(const OptionRow& row) {
+  std::string help = plain(row.doc);
+  if (row.flag.rfind("--no-", 0) == 0) return "Do not " + help;
+  if (!help.empty()) help[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(help[0])));
+  return help + " (default: " + plain(row.shown_default) + ")";
+}
+
+// What a flag of `type` takes, as its help names it.
+const char* type_name(OptionType type) {
+  switch (type) {
+    case OptionType::kInt:
+      return "INT";
+    case OptionType::kTimeout:
+      return "SECONDS|none";
+    case OptionType::kSeconds:
+      return "SECONDS";
+    case OptionType::kRanks:
+      return "RANKS";
+    case OptionType::kString:
+    case OptionType::kBool:
+      break;
+  }
+  return "TEXT";
+}
+
+// What a flag of `type` takes, as its error says.
+const char* takes(OptionType type) {
+  switch (type) {
+    case OptionType::kInt:
+      return "a whole number";
+    case OptionType::kTimeout:
+      return "seconds or none";
+    case OptionType::kSeconds:
+      return "seconds";
+    case OptionType::kRanks:
+      return "a list like 0,3";
+    case OptionType::kString:
+    case OptionType::kBool:
+      break;
+  }
+  return "a value";
+}
+
+// Seconds as a number the whole text is ("inf" and exponents too; NaN is none). "none":
+// +infinity, which a timeout takes as no deadline and a duration as the longest.
+double seconds_of(const std::string& text) {
+  if (text == "none") return HUGE_VAL;
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || std::isspace(text[0]) ||
+      std::isnan(seconds)) {
+    throw std::invalid_argument(text);
+  }
+  return seconds;
+}
+
+// A flag's text as its row's value. Throws std::invalid_argument for text that is none.
+OptionValue value_of(const OptionRow& row, const std::string& text) {
+  switch (row.type) {
+    case OptionType::kInt: {
+      std::size_t used = 0;
+      const long long number = std::stoll(text, &used);
+      if (used != text.size()) throw std::invalid_argument(text);
+      return number;
+    }
+    case OptionType::kTimeout:
+      if (text == "none") return std::monostate{};
+      return seconds_of(text);
+    case OptionType::kSeconds:
+      return seconds_of(text);
+    case OptionType::kRanks: {
+      std::vector<int> ranks;
+      std::stringstream in(text);
+      for (std::string part; std::getline(in, part, ',');) {
+        std::size_t used = 0;
+        ranks.push_back(std::stoi(part, &used));
+        if (used != part.size()) throw std::invalid_argument(text);
+      }
+      return ranks;
+    }
+    case OptionType::kString:
+    case OptionType::kBool:
+      break;
+  }
+  return text;
+}
+
+void add_option_flags(CLI::App& run, RunFlags& flags) {
+  for (const OptionRow& row : contract::option_table()) {
+    if (row.flag.empty()) continue;
+    const std::string name(row.name);
+    if (row.type == OptionType::kBool) {
+      run.add_flag(std::string(row.flag), flags.switches[name], help_of(row));
+    } else {
+      run.add_option(std::string(row.flag), flags.values[name], help_of(row))
+          ->type_name(type_name(row.type));
+    }
+  }
+  // What only the command refuses: it leaves "detected" to leaving the flag out.
+  run.get_option("--nnodes")->check(CLI::PositiveNumber);
+  run.get_option("--node-rank")->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, RunFlags& flags) {
+  CLI::App* run = flags.command_line = app.add_subcommand(
+      "run", "Start PROGRAM on N ranks with torchrun's environment (RANK, WORLD_SIZE, ...)");
+  run->footer(
+      "Exit status: 0 when every rank succeeded; the root-cause rank's exit code, or\n"
+      "128+signal; 124 on timeout or hang; 3 when the node cannot serve the request; 2 for bad\n"
+      "flags or options (a tracking URI that cannot work, say).\n"
+      "Standard input: every rank reads /dev/null (not sgpu's own standard input); give a\n"
+      "rank its input in a file or in its arguments.\n"
+      "Example:\n"
+      "  sgpu run --gpus 4 --backend sim --ranks 0 -- python -c 'import os; "
+      "print(os.environ[\"RANK\"])'\n"
+      "  srun -N2 --ntasks-per-node=1 sgpu run --gpus 8 -- python train.py   (two nodes)\n"
+      "  sgpu run --nnodes 2 --node-rank 0 --rdzv-endpoint n1:29500 --gpus 8 -- python train.py\n"
+      "  sgpu run --gpus 8 --backend sim --sim-compute shapes -- python "
+      "examples/models/llama_step.py");
+  add_option_flags(*run, flags);
+  run->add_option("command", flags.command, "PROGRAM ARGS... (after --)")->required();
+}
+
+std::optional<Options> options_of(const RunFlags& flags) {
+  Options options;
+  for (const OptionRow& row : contract::option_table()) {
+    if (row.flag.empty()) continue;
+    const std::string name(row.name);
+    if (row.type == OptionType::kBool) {
+      // "--keep-run-dir" sets its option, "--no-tracking" clears it.
+      if (flags.switches.at(name)) row.set(options, row.flag.rfind("--no-", 0) != 0);
+      continue;
+    }
+    if (flags.command_line->count(std::string(row.flag)) == 0) continue;
+    const std::string& text = flags.values.at(name);
+    try {
+      row.set(options, value_of(row, text));
+    } catch (const std::exception&) {  // no value of its kind, NaN seconds among them
+      std::cerr << "sgpu run: " << row.flag << " takes " << takes(row.type) << ", got \"" << text
+                << "\"\n";
+      return std::nullopt;
+    }
+  }
+  return options;
+}
+
+}  // namespace sgpu::cli
