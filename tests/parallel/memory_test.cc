@@ -17,8 +17,8 @@
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/sgpu.h"
 #include "sim/memory/caching_model.h"
-#include "testing/test_backend.h"
 #include "testing/sim_options.h"
+#include "testing/test_backend.h"
 
 namespace {
 

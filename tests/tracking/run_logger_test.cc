@@ -1,7 +1,6 @@
 // The buffered run logger: every metric of a large flush arrives, and a bad key throws at
 // the call.
 #include "tracking/run_logger.h"
-#include "tracking/validation.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +10,7 @@
 #include "sgpu/errors.h"
 #include "tracking/file/file_store.h"
 #include "tracking/store_support.h"
+#include "tracking/validation.h"
 
 namespace sgpu::tracking {
 namespace {
