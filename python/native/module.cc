@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -90,6 +91,7 @@ Options options_from(const py::dict& given) {
 // The option table as the decorator checks its keywords: (name, type, what it must be).
 py::list option_table() {
   static const char* const kTypes[] = {"int", "str", "bool", "seconds", "timeout", "ranks"};
+  static_assert(std::size(kTypes) == static_cast<std::size_t>(contract::OptionType::kRanks) + 1);
   py::list rows;
   for (const contract::OptionRow& row : contract::option_table()) {
     rows.append(py::make_tuple(std::string(row.name), kTypes[static_cast<int>(row.type)],

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -48,41 +49,22 @@ std::string help_of(const OptionRow& row) {
   return help + " (default: " + plain(row.shown_default) + ")";
 }
 
-// What a flag of `type` takes, as its help names it.
-const char* type_name(OptionType type) {
-  switch (type) {
-    case OptionType::kInt:
-      return "INT";
-    case OptionType::kTimeout:
-      return "SECONDS|none";
-    case OptionType::kSeconds:
-      return "SECONDS";
-    case OptionType::kRanks:
-      return "RANKS";
-    case OptionType::kString:
-    case OptionType::kBool:
-      break;
-  }
-  return "TEXT";
-}
-
-// What a flag of `type` takes, as its error says.
-const char* takes(OptionType type) {
-  switch (type) {
-    case OptionType::kInt:
-      return "a whole number";
-    case OptionType::kTimeout:
-      return "seconds or none";
-    case OptionType::kSeconds:
-      return "seconds";
-    case OptionType::kRanks:
-      return "a list like 0,3";
-    case OptionType::kString:
-    case OptionType::kBool:
-      break;
-  }
-  return "a value";
-}
+// What a flag of each kind takes: as its help names it, and as its error says. In
+// OptionType's order.
+struct FlagKind {
+  const char* type_name;
+  const char* takes;
+};
+constexpr FlagKind kFlagKinds[] = {
+    {"INT", "a whole number"},
+    {"TEXT", "text"},
+    {"", "nothing"},
+    {"SECONDS", "seconds"},
+    {"SECONDS|none", "seconds or none"},
+    {"RANKS", "a list like 0,3"},
+};
+static_assert(std::size(kFlagKinds) == static_cast<std::size_t>(OptionType::kRanks) + 1);
+const FlagKind& kind_of(OptionType type) { return kFlagKinds[static_cast<int>(type)]; }
 
 // Seconds as a number the whole text is ("inf" and exponents too; NaN is none). "none":
 // +infinity, which a timeout takes as no deadline and a duration as the longest.
@@ -136,7 +118,7 @@ void add_option_flags(CLI::App& run, RunFlags& flags) {
       run.add_flag(std::string(row.flag), flags.switches[name], help_of(row));
     } else {
       run.add_option(std::string(row.flag), flags.values[name], help_of(row))
-          ->type_name(type_name(row.type));
+          ->type_name(kind_of(row.type).type_name);
     }
   }
   // What only the command refuses: it leaves "detected" to leaving the flag out.
@@ -181,8 +163,8 @@ std::optional<Options> options_of(const RunFlags& flags) {
     try {
       row.set(options, value_of(row, text));
     } catch (const std::exception&) {  // no value of its kind, NaN seconds among them
-      std::cerr << "sgpu run: " << row.flag << " takes " << takes(row.type) << ", got \"" << text
-                << "\"\n";
+      std::cerr << "sgpu run: " << row.flag << " takes " << kind_of(row.type).takes << ", got \""
+                << text << "\"\n";
       return std::nullopt;
     }
   }
