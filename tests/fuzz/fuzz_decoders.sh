@@ -12,7 +12,8 @@ binary=$work/decoders_fuzz
 sources=(
   tests/fuzz/decoders_fuzz.cc
   src/serialize/record.cc src/serialize/error_record.cc src/contract/atomic_file.cc
-  src/contract/abrupt_end.cc src/contract/front_end.cc src/sgpu/errors.cc
+  src/contract/abrupt_end.cc src/contract/front_end.cc src/contract/option_table.cc
+  src/sgpu/errors.cc
   sim/faults.cc sim/node_spec.cc src/backend/gpu_type.cc
   src/sgpu/checkpoint/manifest.cc src/sgpu/checkpoint/safetensors.cc
   src/tracking/spool.cc src/tracking/log_batch.cc src/tracking/run_model.cc
