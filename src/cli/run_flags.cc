@@ -1,8 +1,8 @@
 #include "cli/run_flags.h"
 
 #include <cctype>
+#include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <iterator>
 #include <sstream>
@@ -66,17 +66,12 @@ constexpr FlagKind kFlagKinds[] = {
 static_assert(std::size(kFlagKinds) == static_cast<std::size_t>(OptionType::kRanks) + 1);
 const FlagKind& kind_of(OptionType type) { return kFlagKinds[static_cast<int>(type)]; }
 
-// Seconds as a number the whole text is ("inf" and exponents too; NaN is none). "none":
-// +infinity, which a timeout takes as no deadline and a duration as the longest.
+// Seconds as a timeout flag's text gives them (sgpu::parse_timeout: a number the whole
+// text is, "inf" and exponents too; NaN throws). "none": +infinity, which a timeout takes
+// as no deadline and a duration as the longest.
 double seconds_of(const std::string& text) {
-  if (text == "none") return HUGE_VAL;
-  char* end = nullptr;
-  const double seconds = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || std::isspace(text[0]) ||
-      std::isnan(seconds)) {
-    throw std::invalid_argument(text);
-  }
-  return seconds;
+  const Timeout timeout = parse_timeout(text);
+  return timeout ? std::chrono::duration<double>(*timeout).count() : HUGE_VAL;
 }
 
 // A flag's text as its row's value. Throws std::invalid_argument for text that is none.

@@ -15,8 +15,8 @@
 
 #include "backend/backend_table.h"
 #include "contract/front_end.h"
-#include "launcher/fork_server.h"
 #include "launcher/program.h"
+#include "launcher/rank_starter.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::launcher {
