@@ -46,6 +46,7 @@
 #include "bench_options.h"
 #include "collectives/collective_sweep.h"
 #include "collectives/floor.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "model/platform.h"
 #include "sgpu/config.h"
@@ -598,6 +599,8 @@ int main(int argc, char** argv) {
   std::optional<sgpu::model::Platform> platform;
   try {
     options.timeout = sgpu::parse_timeout(config.timeout);
+    sgpu::backend::check_backend_name(options.backend);
+    options = sgpu::contract::with_environment(options);
     backend = std::string(sgpu::backend::choose_backend(options).name());
     options.backend = backend;
     if (config.max_bytes.empty()) config.max_bytes = backend == "cuda" ? "256M" : "64M";

@@ -8,14 +8,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 
 #include "backend/process_group_factory.h"
 #include "collectives/interposer.h"
 #include "collectives/routes.h"
 #include "contract/front_end.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sim/cuda/sim_cuda.h"
@@ -39,10 +42,10 @@ struct RankFaults {
 RankFaults& rank_faults() {
   static RankFaults* faults = [] {
     auto* state = new RankFaults;  // outlives any exit path
-    const char* plan = std::getenv(kFaultsVar);
-    if (plan == nullptr || *plan == '\0') return state;
+    const std::optional<contract::OptionValue> plan = contract::environment_value("sim_faults");
+    if (!plan) return state;
     const contract::RankEnvironment env = contract::read_rank_environment();
-    for (const Fault& fault : parse_faults(plan, env.world_size)) {
+    for (const Fault& fault : parse_faults(std::get<std::string>(*plan), env.world_size)) {
       if (fault.rank == env.rank) state->faults.push_back(fault);
     }
     return state;
@@ -170,12 +173,8 @@ class FaultInjectingBackend final : public collectives::InterposingBackend {
   }
 };
 
-// Options::sim_faults, else SGPU_SIM_FAULTS.
-std::string plan_of(const Options& options) {
-  if (!options.sim_faults.empty()) return options.sim_faults;
-  const char* env = std::getenv(kFaultsVar);
-  return env != nullptr ? env : "";
-}
+// Options::sim_faults (SGPU_SIM_FAULTS stands in for it: NOTE [The option table]).
+const std::string& plan_of(const Options& options) { return options.sim_faults; }
 
 // The launch's ranks, on every node.
 int world_of(const Options& options) { return options.gpus * std::max(options.nnodes, 1); }
@@ -187,8 +186,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
   const std::string spec = node_spec_of(options);
   const std::string platform = platform_of_spec(spec);  // parses the spec
   std::vector<std::string> variables{
-      "SGPU_SIM=" + spec,
-      std::string(cuda::kSimCudaVar) + "=" + (sim_cuda_of(options) ? "on" : "off"),
+      "SGPU_SIM=" + spec, std::string(cuda::kSimCudaVar) + "=" + (options.sim_cuda ? "on" : "off"),
       std::string(kTransportVar) + "=" + transport_name(chosen_transport(options)),
       std::string(contract::kPlatformVar) + "=" + platform,
       std::string(contract::kSimComputeVar) + "=" +
@@ -273,18 +271,11 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
 }  // namespace
 
 Transport chosen_transport(const Options& options) {
-  std::string name = options.sim_transport;
-  std::string given;
+  const std::string& name = options.sim_transport;
   const bool several_nodes = options.nnodes > 1;
-  if (name.empty()) {
-    const char* env = std::getenv(kTransportVar);
-    // Shared memory does not reach other nodes; Gloo's TCP does.
-    if (env == nullptr || *env == '\0') return several_nodes ? Transport::kGloo : Transport::kShm;
-    name = env;
-    given = std::string(kTransportVar) + "=" + name;
-  } else {
-    given = contract::spell("sim_transport", name);
-  }
+  // Shared memory does not reach other nodes; Gloo's TCP does.
+  if (name.empty()) return several_nodes ? Transport::kGloo : Transport::kShm;
+  const std::string given = contract::spell("sim_transport", name);
   if (name == "shm" && several_nodes) {
     throw ConfigError(given + " cannot connect ranks on " + std::to_string(options.nnodes) +
                       " nodes: shared memory stays on one node; use \"gloo\" (or leave the "
@@ -298,15 +289,9 @@ Transport chosen_transport(const Options& options) {
 }
 
 bool computes_shapes(const Options& options) {
-  std::string name = options.sim_compute;
-  std::string given = contract::spell("sim_compute", name);
-  if (name.empty()) {
-    const char* env = std::getenv(contract::kSimComputeVar);
-    if (env == nullptr || *env == '\0') return false;
-    name = env;
-    given = std::string(contract::kSimComputeVar) + "=" + name;
-  }
-  if (name == "values") return false;
+  const std::string& name = options.sim_compute;
+  const std::string given = contract::spell("sim_compute", name);
+  if (name.empty() || name == "values") return false;
   if (name == "shapes") return true;
   throw ConfigError(given +
                     " is not what simulated ranks compute: use \"values\" (the default: tensors "
@@ -314,8 +299,8 @@ bool computes_shapes(const Options& options) {
 }
 
 bool rank_computes_shapes() {
-  const char* env = std::getenv(contract::kSimComputeVar);
-  return env != nullptr && std::string_view(env) == "shapes";
+  const std::optional<contract::OptionValue> compute = contract::environment_value("sim_compute");
+  return compute && std::get<std::string>(*compute) == "shapes";
 }
 
 const char* transport_name(Transport transport) {
@@ -323,9 +308,10 @@ const char* transport_name(Transport transport) {
 }
 
 Transport rank_transport() {
-  const char* env = std::getenv(kTransportVar);
-  if (env != nullptr && std::string_view(env) == "gloo") return Transport::kGloo;
-  return Transport::kShm;
+  const std::optional<contract::OptionValue> transport =
+      contract::environment_value("sim_transport");
+  return transport && std::get<std::string>(*transport) == "gloo" ? Transport::kGloo
+                                                                  : Transport::kShm;
 }
 
 const backend::ProcessGroupFactory& SimBackend::process_groups() const {

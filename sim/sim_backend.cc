@@ -1,9 +1,10 @@
 #include "sim/sim_backend.h"
 
-#include <cstdlib>
-#include <string_view>
+#include <string>
+#include <variant>
 
 #include "backend/memory_stats.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
 #include "sim/cuda/sim_cuda.h"
@@ -13,10 +14,18 @@
 namespace sgpu::sim {
 
 std::string node_spec_of(const Options& options) {
-  if (!options.sim_node.empty()) return options.sim_node;
-  const char* env = std::getenv("SGPU_SIM");
-  return (env != nullptr && *env != '\0') ? env : std::string(kDefaultNodeSpec);
+  return options.sim_node.empty() ? std::string(kDefaultNodeSpec) : options.sim_node;
 }
+
+namespace {
+
+// In a rank: the node its launcher resolved (SGPU_SIM).
+std::string rank_node_spec() {
+  const auto spec = contract::environment_value("sim_node");
+  return spec ? std::get<std::string>(*spec) : std::string(kDefaultNodeSpec);
+}
+
+}  // namespace
 
 backend::Inventory SimBackend::inventory(const Options& options) const {
   return parse_node_spec(node_spec_of(options));
@@ -34,7 +43,7 @@ bool counts_memory() {
 void SimBackend::bind(int device_index) const {
   bind_program();
   if (!counts_memory()) return;
-  const backend::Inventory node = parse_node_spec(node_spec_of({}));
+  const backend::Inventory node = parse_node_spec(rank_node_spec());
   if (device_index < 0 || device_index >= static_cast<int>(node.gpus.size())) {
     throw ConfigError("simulated device " + std::to_string(device_index) + " is not on the node " +
                       node.sim_spec);
@@ -51,18 +60,13 @@ void SimBackend::reset_peak_memory_stats(int device_index) const {
   memory::reset_peak_stats(device_index);
 }
 
-bool sim_cuda_of(const Options& options) {
-  if (!contract::env_string(cuda::kSimCudaVar).empty()) return cuda::enabled();
-  return options.sim_cuda;
-}
-
 bool SimBackend::serve_cuda(int device_index) const {
   if (!cuda::enabled()) return false;
-  cuda::serve(parse_node_spec(node_spec_of({})), device_index);
+  cuda::serve(parse_node_spec(rank_node_spec()), device_index);
   return true;
 }
 
-bool SimBackend::serves_cuda(const Options& options) const { return sim_cuda_of(options); }
+bool SimBackend::serves_cuda(const Options& options) const { return options.sim_cuda; }
 
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 

@@ -41,12 +41,9 @@ class SimBackend final : public backend::Backend {
   bool serves_cuda(const Options& options) const override;
 };
 
-// The node a call simulates: Options::sim_node, else SGPU_SIM, else kDefaultNodeSpec.
+// The node a call simulates: Options::sim_node (SGPU_SIM stands in for it: NOTE [The
+// option table]), else kDefaultNodeSpec.
 std::string node_spec_of(const Options& options);
-
-// Whether a call's Python ranks see cuda devices: SGPU_SIM_CUDA when set (ConfigError
-// unless "on" or "off"), else Options::sim_cuda.
-bool sim_cuda_of(const Options& options);
 
 // Whether a simulated device counts memory: SGPU_SIM_MEMORY "on" (or unset) or "off";
 // ConfigError for anything else.
@@ -55,8 +52,9 @@ bool counts_memory();
 
 std::unique_ptr<backend::Backend> make_sim_backend();
 
-// Whether a call's ranks compute shapes only: Options::sim_compute, else SGPU_SIM_COMPUTE,
-// "values" (or unset) or "shapes"; ConfigError naming the setting for anything else.
+// Whether a call's ranks compute shapes only: Options::sim_compute (SGPU_SIM_COMPUTE stands
+// in for it), "values" (or empty) or "shapes"; ConfigError naming the setting for anything
+// else.
 bool computes_shapes(const Options& options);
 // In a rank: what the launcher chose (SGPU_SIM_COMPUTE).
 bool rank_computes_shapes();
@@ -64,7 +62,8 @@ bool rank_computes_shapes();
 // How a simulated rank's collectives travel: shared memory (the default) or Gloo.
 enum class Transport { kShm, kGloo };
 inline constexpr const char* kTransportVar = "SGPU_SIM_TRANSPORT";
-// Options::sim_transport, else SGPU_SIM_TRANSPORT, else shm; ConfigError for another name.
+// Options::sim_transport (SGPU_SIM_TRANSPORT stands in for it), else shm (gloo over several
+// nodes); ConfigError for another name.
 Transport chosen_transport(const Options& options);
 const char* transport_name(Transport transport);
 // In a rank: what the launcher chose (SGPU_SIM_TRANSPORT).

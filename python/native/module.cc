@@ -425,7 +425,7 @@ bool serve_cuda() {
 // Every GPU of the rank's node, as torch.cuda.get_device_properties() describes it.
 py::list cuda_devices() {
   py::list out;
-  for (const Gpu& gpu : rank_backend().inventory(Options{}).gpus) {
+  for (const Gpu& gpu : rank_backend().inventory(contract::with_environment({})).gpus) {
     const backend::GpuModel* model = backend::find_gpu_model(gpu.type);
     py::dict d;
     d["index"] = gpu.index;

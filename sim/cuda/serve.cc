@@ -2,10 +2,12 @@
 #include <c10/util/Registry.h>
 
 #include <atomic>
+#include <optional>
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
+#include <variant>
 #include <vector>
 
-#include "contract/rank_env.h"
+#include "contract/option_table.h"
 #include "sgpu/errors.h"
 #include "sim/cuda/parts.h"
 #include "sim/cuda/sim_cuda.h"
@@ -59,13 +61,8 @@ void install_reducer_timer() {
 }  // namespace
 
 bool enabled() {
-  const std::string value = contract::env_string(kSimCudaVar);
-  if (value.empty() || value == "on") return true;
-  if (value == "off") return false;
-  throw ConfigError(std::string(kSimCudaVar) + "=" + value +
-                    " is not \"on\" or \"off\": on (the default) makes a Python rank's cuda "
-                    "devices the simulated node's GPUs, served by the CPU; off keeps them CPU "
-                    "devices");
+  const std::optional<contract::OptionValue> value = contract::environment_value("sim_cuda");
+  return !value || std::get<bool>(*value);
 }
 
 void serve(const backend::Inventory& node, int device_index) {

@@ -31,8 +31,8 @@
 
 namespace sgpu::sim::cuda {
 
-// Whether Python ranks on sim serve cuda from the CPU: SGPU_SIM_CUDA "on" (or unset) or
-// "off"; ConfigError naming the variable for anything else.
+// In a rank: whether Python ranks on sim serve cuda from the CPU, as the launcher resolved
+// it (SGPU_SIM_CUDA, on when unset; NOTE [The option table]).
 inline constexpr const char* kSimCudaVar = "SGPU_SIM_CUDA";
 bool enabled();
 

@@ -28,9 +28,14 @@ const Backend& find_backend(std::string_view name);
 // as in a rank started by hand).
 const Backend& rank_backend(const contract::RankEnvironment& env);
 
-// Resolves Options::backend and SGPU_BACKEND ("auto" -> "cuda" when a GPU is visible).
-// Throws ConfigError for an unknown name and AcceleratorMismatchError when "auto" finds
-// no GPU (the message names the simulated backend).
+// Throws ConfigError for a backend name that is not "auto", "cuda" or "sim" and names no
+// backend of this build: such a name is refused even where SGPU_BACKEND decides.
+void check_backend_name(std::string_view name);
+
+// Resolves Options::backend, as SGPU_BACKEND leaves it (contract::with_environment):
+// "auto" -> "cuda" when a GPU is visible. Throws ConfigError for an unknown name and
+// AcceleratorMismatchError when "auto" finds no GPU (the message names the simulated
+// backend).
 const Backend& choose_backend(const Options& options);
 
 }  // namespace sgpu::backend

@@ -26,6 +26,7 @@
 #include "cli/model_command.h"
 #include "cli/run_flags.h"
 #include "contract/front_end.h"
+#include "contract/option_table.h"
 #include "launcher/node_link.h"
 #include "launcher/nodes.h"
 #include "sgpu/config.h"
@@ -54,8 +55,14 @@ int info() {
   } catch (const sgpu::ConfigError& e) {
     std::cout << "nodes: " << e.what() << "\n";
   }
+  sgpu::Options options;
+  try {
+    options = sgpu::contract::with_environment(options);  // SGPU_SIM, say
+  } catch (const sgpu::ConfigError& e) {
+    std::cout << "options: " << e.what() << "\n";
+  }
   for (const auto& entry : sgpu::backend::backend_table()) {
-    const auto inventory = sgpu::backend::find_backend(entry.name).inventory(sgpu::Options{});
+    const auto inventory = sgpu::backend::find_backend(entry.name).inventory(options);
     std::cout << "backend " << entry.name << ": " << inventory.summary();
     if (inventory.gpus.empty()) std::cout << " (" << inventory.unavailable_reason << ")";
     if (!inventory.node.empty()) std::cout << " [" << inventory.node << "]";

@@ -49,62 +49,6 @@ std::string help_of(const OptionRow& row) {
   return help + " (default: " + plain(row.shown_default) + ")";
 }
 
-// What a flag of each kind takes: as its help names it, and as its error says. In
-// OptionType's order.
-struct FlagKind {
-  const char* type_name;
-  const char* takes;
-};
-constexpr FlagKind kFlagKinds[] = {
-    {"INT", "a whole number"},
-    {"TEXT", "text"},
-    {"", "nothing"},
-    {"SECONDS", "seconds"},
-    {"SECONDS|none", "seconds or none"},
-    {"RANKS", "a list like 0,3"},
-};
-static_assert(std::size(kFlagKinds) == static_cast<std::size_t>(OptionType::kRanks) + 1);
-const FlagKind& kind_of(OptionType type) { return kFlagKinds[static_cast<int>(type)]; }
-
-// Seconds as a timeout flag's text gives them (sgpu::parse_timeout: a number the whole
-// text is, "inf" and exponents too; NaN throws). "none": +infinity, which a timeout takes
-// as no deadline and a duration as the longest.
-double seconds_of(const std::string& text) {
-  const Timeout timeout = parse_timeout(text);
-  return timeout ? std::chrono::duration<double>(*timeout).count() : HUGE_VAL;
-}
-
-// A flag's text as its row's value. Throws std::invalid_argument for text that is none.
-OptionValue value_of(const OptionRow& row, const std::string& text) {
-  switch (row.type) {
-    case OptionType::kInt: {
-      std::size_t used = 0;
-      const long long number = std::stoll(text, &used);
-      if (used != text.size()) throw std::invalid_argument(text);
-      return number;
-    }
-    case OptionType::kTimeout:
-      if (text == "none") return std::monostate{};
-      return seconds_of(text);
-    case OptionType::kSeconds:
-      return seconds_of(text);
-    case OptionType::kRanks: {
-      std::vector<int> ranks;
-      std::stringstream in(text);
-      for (std::string part; std::getline(in, part, ',');) {
-        std::size_t used = 0;
-        ranks.push_back(std::stoi(part, &used));
-        if (used != part.size()) throw std::invalid_argument(text);
-      }
-      return ranks;
-    }
-    case OptionType::kString:
-    case OptionType::kBool:
-      break;
-  }
-  return text;
-}
-
 void add_option_flags(CLI::App& run, RunFlags& flags) {
   for (const OptionRow& row : contract::option_table()) {
     if (row.flag.empty()) continue;
@@ -113,7 +57,7 @@ void add_option_flags(CLI::App& run, RunFlags& flags) {
       run.add_flag(std::string(row.flag), flags.switches[name], help_of(row));
     } else {
       run.add_option(std::string(row.flag), flags.values[name], help_of(row))
-          ->type_name(kind_of(row.type).type_name);
+          ->type_name(contract::type_text(row.type).metavar);
     }
   }
   // What only the command refuses: it leaves "detected" to leaving the flag out.
@@ -156,10 +100,10 @@ std::optional<Options> options_of(const RunFlags& flags) {
     if (flags.command_line->count(std::string(row.flag)) == 0) continue;
     const std::string& text = flags.values.at(name);
     try {
-      row.set(options, value_of(row, text));
+      row.set(options, contract::option_value_of_text(row, text));
     } catch (const std::exception&) {  // no value of its kind, NaN seconds among them
-      std::cerr << "sgpu run: " << row.flag << " takes " << kind_of(row.type).takes << ", got \""
-                << text << "\"\n";
+      std::cerr << "sgpu run: " << row.flag << " takes " << contract::type_text(row.type).takes
+                << ", got \"" << text << "\"\n";
       return std::nullopt;
     }
   }

@@ -1,10 +1,16 @@
 #include "contract/option_table.h"
 
-#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <sstream>
+#include <stdexcept>
 
+#include "contract/front_end.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::contract {
@@ -49,6 +55,7 @@ Timeout as_timeout(const OptionValue& value, const char* name) {
 }
 
 #define SGPU_SET(member, how) [](Options& o, const OptionValue& v) { o.member = how(v, #member); }
+#define SGPU_EMPTY(member) [](const Options& o) { return o.member.empty(); }
 
 constexpr OptionRow kRows[] = {
     {"gpus", OptionType::kInt, "a positive int", "1", "", "--gpus", "ranks to start, one per GPU",
@@ -63,34 +70,36 @@ constexpr OptionRow kRows[] = {
      "seconds (a positive number), or None to never judge a call hung", "10 minutes",
      "SGPU_HANG_TIMEOUT", "--hang-timeout",
      "how long a collective may be in flight on a rank before the call is judged hung, or none",
-     SGPU_SET(hang_timeout, as_timeout)},
+     SGPU_SET(hang_timeout, as_timeout), EnvRule::kDecides},
     {"recorder_entries", OptionType::kInt, "a number of collectives (0: none recorded)", "2000", "",
      "", "collectives each rank's recorder keeps; 0 records none, and no call is judged hung",
      SGPU_SET(recorder_entries, as_whole<std::uint32_t>)},
     {"backend", OptionType::kString, "\"auto\", \"cuda\" or \"sim\"", "`\"auto\"`", "SGPU_BACKEND",
      "--backend",
      "`\"cuda\"`, `\"sim\"`, or `\"auto\"` (cuda when a GPU is visible; never falls back to sim)",
-     SGPU_SET(backend, as_text)},
+     SGPU_SET(backend, as_text), EnvRule::kDecides, "auto|cuda|sim"},
     {"sim_node", OptionType::kString, "a node spec such as \"8xH100\"", "`SGPU_SIM`, else `8xH100`",
      "SGPU_SIM", "", "the node `sim` pretends to be: `8xH100`, `4xH100+4xA10`, `2xH200:40GiB`",
-     SGPU_SET(sim_node, as_text)},
+     SGPU_SET(sim_node, as_text), EnvRule::kStandsIn, "", SGPU_EMPTY(sim_node)},
     {"sim_faults", OptionType::kString, "a fault plan such as \"rank=1:segv@collective=3\"",
      "`SGPU_SIM_FAULTS`, else none", "SGPU_SIM_FAULTS", "",
-     "faults for `sim` ranks: `rank=1:segv@collective=3`", SGPU_SET(sim_faults, as_text)},
+     "faults for `sim` ranks: `rank=1:segv@collective=3`", SGPU_SET(sim_faults, as_text),
+     EnvRule::kStandsIn, "", SGPU_EMPTY(sim_faults)},
     {"sim_transport", OptionType::kString, "\"shm\" or \"gloo\"",
      "`SGPU_SIM_TRANSPORT`, else `\"shm\"`", "SGPU_SIM_TRANSPORT", "",
      "how `sim` collectives travel: `\"shm\"` (shared memory) or `\"gloo\"`",
-     SGPU_SET(sim_transport, as_text)},
+     SGPU_SET(sim_transport, as_text), EnvRule::kStandsIn, "shm|gloo", SGPU_EMPTY(sim_transport)},
     {"sim_compute", OptionType::kString, "\"values\" or \"shapes\"",
      "`SGPU_SIM_COMPUTE`, else `\"values\"`", "SGPU_SIM_COMPUTE", "--sim-compute",
      "what a Python rank on `sim` computes: `\"values\"`, or `\"shapes\"` (no data)",
-     SGPU_SET(sim_compute, as_text)},
+     SGPU_SET(sim_compute, as_text), EnvRule::kStandsIn, "values|shapes", SGPU_EMPTY(sim_compute)},
     {"sim_cuda", OptionType::kBool,
      "True (a rank's cuda devices are the simulated GPUs) or False (CPU)", "true", "SGPU_SIM_CUDA",
      "", "a Python rank's `cuda` devices on `sim` are the node's GPUs, served by the CPU",
-     SGPU_SET(sim_cuda, as_flag)},
+     SGPU_SET(sim_cuda, as_flag), EnvRule::kDecides},
     {"runs_dir", OptionType::kString, "a folder", "`SGPU_RUNS_DIR`, else `$TMPDIR/sgpu-<uid>/runs`",
-     "SGPU_RUNS_DIR", "--log-dir", "where run folders go", SGPU_SET(runs_dir, as_text)},
+     "SGPU_RUNS_DIR", "--log-dir", "where run folders go", SGPU_SET(runs_dir, as_text),
+     EnvRule::kStandsIn, "", SGPU_EMPTY(runs_dir)},
     {"keep_run_dir", OptionType::kBool, "True or False", "false", "", "--keep-run-dir",
      "keep the run folder after a success too (a failure's is always kept)",
      SGPU_SET(keep_run_dir, as_flag)},
@@ -115,20 +124,21 @@ constexpr OptionRow kRows[] = {
        o.start_method = method == "exec"          ? StartMethod::kExec
                         : method == "fork-server" ? StartMethod::kForkServer
                                                   : StartMethod::kAuto;
-     }},
+     },
+     EnvRule::kDecides, "fork-server|exec"},
     {"name", OptionType::kString, "a name", "the function's symbol", "", "--run-name",
      "the call's name in errors and of its MLflow run", SGPU_SET(name, as_text)},
     {"tracking", OptionType::kBool, "True or False", "true", "SGPU_TRACKING", "--no-tracking",
-     "record the call as an MLflow run", SGPU_SET(tracking, as_flag)},
+     "record the call as an MLflow run", SGPU_SET(tracking, as_flag), EnvRule::kTurnsOff},
     {"tracking_uri", OptionType::kString, "an MLflow tracking URI",
      "`MLFLOW_TRACKING_URI`, else MLflow's default (`sqlite:///mlflow.db`, or `./mlruns` when "
      "it holds runs)",
      "MLFLOW_TRACKING_URI", "", "the MLflow tracking server, database or file store",
-     SGPU_SET(tracking_uri, as_text)},
+     SGPU_SET(tracking_uri, as_text), EnvRule::kMlflow},
     {"experiment", OptionType::kString, "an experiment name",
      "`MLFLOW_EXPERIMENT_NAME`, else `MLFLOW_EXPERIMENT_ID`, else `Default`",
      "MLFLOW_EXPERIMENT_NAME", "--experiment", "the MLflow experiment, created if missing",
-     SGPU_SET(experiment, as_text)},
+     SGPU_SET(experiment, as_text), EnvRule::kMlflow},
     {"nnodes", OptionType::kInt, "a number of nodes (0: from the engine, else 1)",
      "from the engine, else 1", "", "--nnodes", "nodes in the launch, each running the same call",
      SGPU_SET(nnodes, as_whole<int>)},
@@ -147,6 +157,7 @@ constexpr OptionRow kRows[] = {
 };
 
 #undef SGPU_SET
+#undef SGPU_EMPTY
 
 }  // namespace
 
@@ -159,16 +170,180 @@ const OptionRow* find_option(std::string_view name) {
   return nullptr;
 }
 
+namespace {
+
+// What a value of each type is, in OptionType's order: as sgpu run's help names it, and as
+// an error says what a flag or variable takes.
+constexpr TypeText kTypeTexts[] = {
+    {"INT", "a whole number"},
+    {"TEXT", "text"},
+    {"", "on or off"},
+    {"SECONDS", "seconds"},
+    {"SECONDS|none", "seconds or none"},
+    {"RANKS", "a list like 0,3"},
+};
+static_assert(std::size(kTypeTexts) == static_cast<std::size_t>(OptionType::kRanks) + 1);
+
+// Seconds as a front end's text gives them (sgpu::parse_timeout: a number the whole text
+// is, "inf" and exponents too; NaN throws). "none": +infinity, which a timeout takes as no
+// deadline and a duration as the longest.
+double seconds_in_text(const std::string& text) {
+  const Timeout timeout = parse_timeout(text);
+  return timeout ? std::chrono::duration<double>(*timeout).count() : HUGE_VAL;
+}
+
+std::optional<bool> on_or_off_in_text(std::string_view text) {
+  for (std::string_view on : {"on", "1", "true", "yes", "ON", "True"}) {
+    if (text == on) return true;
+  }
+  for (std::string_view off : {"off", "0", "false", "no", "OFF", "False"}) {
+    if (text == off) return false;
+  }
+  return std::nullopt;
+}
+
+// "a|b|c" as a message names them: "a", "b" or "c".
+std::string choices_named(std::string_view choices) {
+  std::string named;
+  for (std::size_t start = 0; start <= choices.size();) {
+    std::size_t bar = choices.find('|', start);
+    if (bar == std::string_view::npos) bar = choices.size();
+    if (!named.empty()) named += bar == choices.size() ? " or " : ", ";
+    named += "\"" + std::string(choices.substr(start, bar - start)) + "\"";
+    start = bar + 1;
+  }
+  return named;
+}
+
+bool among_choices(std::string_view choices, std::string_view text) {
+  for (std::size_t start = 0; start <= choices.size();) {
+    std::size_t bar = choices.find('|', start);
+    if (bar == std::string_view::npos) bar = choices.size();
+    if (choices.substr(start, bar - start) == text) return true;
+    start = bar + 1;
+  }
+  return false;
+}
+
+// The row's variable as its value (environment_value's contract).
+std::optional<OptionValue> variable_value(const OptionRow& row) {
+  if (row.env.empty()) return std::nullopt;
+  const std::string variable(row.env);
+  const char* set = std::getenv(variable.c_str());
+  if (set == nullptr || *set == '\0') return std::nullopt;
+  const std::string text = set;
+  const std::string given = variable + "=" + text;
+  const std::string sets = " (" + variable + " sets " + spell(row.name) + ")";
+  if (row.type == OptionType::kBool) {
+    if (const std::optional<bool> flag = on_or_off_in_text(text)) return *flag;
+    throw ConfigError(given +
+                      " is neither on nor off: \"off\" (or 0, false, no) or \"on\" (or 1, " +
+                      "true, yes)" + sets);
+  }
+  if (!row.choices.empty() && !among_choices(row.choices, text)) {
+    throw ConfigError(given + " is not " + choices_named(row.choices) + sets);
+  }
+  const bool seconds = row.type == OptionType::kSeconds || row.type == OptionType::kTimeout;
+  try {
+    OptionValue value = option_value_of_text(row, text);
+    const double* number = std::get_if<double>(&value);
+    if (number != nullptr && !(*number > 0)) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {  // std::invalid_argument, std::out_of_range
+    throw ConfigError(given + " is not " + (seconds ? "positive " : "") +
+                      type_text(row.type).takes + sets);
+  }
+}
+
+}  // namespace
+
+const TypeText& type_text(OptionType type) { return kTypeTexts[static_cast<int>(type)]; }
+
+OptionValue option_value_of_text(const OptionRow& row, const std::string& text) {
+  switch (row.type) {
+    case OptionType::kInt: {
+      std::size_t used = 0;
+      const long long number = std::stoll(text, &used);
+      if (used != text.size()) throw std::invalid_argument(text);
+      return number;
+    }
+    case OptionType::kTimeout:
+      if (text == "none") return std::monostate{};
+      return seconds_in_text(text);
+    case OptionType::kSeconds:
+      return seconds_in_text(text);
+    case OptionType::kRanks: {
+      std::vector<int> ranks;
+      std::stringstream in(text);
+      for (std::string part; std::getline(in, part, ',');) {
+        std::size_t used = 0;
+        ranks.push_back(std::stoi(part, &used));
+        if (used != part.size()) throw std::invalid_argument(text);
+      }
+      return ranks;
+    }
+    case OptionType::kBool:
+      if (const std::optional<bool> flag = on_or_off_in_text(text)) return *flag;
+      throw std::invalid_argument(text);
+    case OptionType::kString:
+      break;
+  }
+  return text;
+}
+
+std::optional<OptionValue> environment_value(std::string_view name) {
+  const OptionRow* row = find_option(name);
+  return row != nullptr ? variable_value(*row) : std::nullopt;
+}
+
+Options with_environment(Options options) {
+  for (const OptionRow& row : kRows) {
+    switch (row.env_rule) {
+      case EnvRule::kDecides:
+        if (const auto value = variable_value(row)) row.set(options, *value);
+        break;
+      case EnvRule::kStandsIn:  // a variable the option leaves unused is not read
+        if (!row.left_empty(options)) break;
+        if (const auto value = variable_value(row)) row.set(options, *value);
+        break;
+      case EnvRule::kTurnsOff:
+        if (const auto value = variable_value(row); value && !std::get<bool>(*value)) {
+          row.set(options, false);
+        }
+        break;
+      case EnvRule::kNone:
+      case EnvRule::kMlflow:
+        break;
+    }
+  }
+  return options;
+}
+
 std::string options_markdown() {
   const auto code = [](std::string_view text) {
     return text.empty() ? std::string("—") : "`" + std::string(text) + "`";
+  };
+  const auto variable = [&](const OptionRow& row) {
+    switch (row.env_rule) {
+      case EnvRule::kDecides:
+        return code(row.env) + " decides";
+      case EnvRule::kStandsIn:
+        return code(row.env) + " if unset";
+      case EnvRule::kTurnsOff:
+        return code(std::string(row.env) + "=off") + " turns off";
+      case EnvRule::kMlflow:
+        return code(row.env) + " if unset (MLflow's)";
+      case EnvRule::kNone:
+        break;
+    }
+    return code(row.env);
   };
   std::string table =
       "| option | default | environment | `sgpu run` flag | what it is |\n"
       "| --- | --- | --- | --- | --- |\n";
   for (const OptionRow& row : kRows) {
     table += "| `" + std::string(row.name) + "` | " + std::string(row.shown_default) + " | " +
-             code(row.env) + " | " + code(row.flag) + " | " + std::string(row.doc) + " |\n";
+             variable(row) + " | " + code(row.flag) + " | " + std::string(row.doc) + " |\n";
   }
   return table;
 }

@@ -2,13 +2,16 @@
 // public helpers the launcher answers.
 #include "sgpu/internal/call.h"
 
+#include "contract/option_table.h"
 #include "launcher/launcher.h"
 #include "launcher/program.h"
 #include "sgpu/options.h"
 
 namespace sgpu {
 
-std::filesystem::path runs_dir_of(const Options& options) { return launcher::runs_dir(options); }
+std::filesystem::path runs_dir_of(const Options& options) {
+  return launcher::runs_dir(contract::with_environment(options));  // SGPU_RUNS_DIR
+}
 
 }  // namespace sgpu
 

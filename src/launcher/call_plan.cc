@@ -15,6 +15,7 @@
 
 #include "backend/backend_table.h"
 #include "contract/front_end.h"
+#include "contract/option_table.h"
 #include "launcher/program.h"
 #include "launcher/rank_starter.h"
 #include "sgpu/errors.h"
@@ -71,23 +72,11 @@ Options within_the_clocks(Options options) {
   return options;
 }
 
-// Options::hang_timeout, unless SGPU_HANG_TIMEOUT (seconds, or none) says otherwise.
-Timeout hang_timeout_of(const Options& options) {
-  const char* env = std::getenv("SGPU_HANG_TIMEOUT");
-  if (env == nullptr || *env == '\0') return options.hang_timeout;
-  const std::string given = std::string("SGPU_HANG_TIMEOUT=") + env;
-  try {
-    const Timeout timeout = parse_timeout(env);
-    if (!timeout || timeout->count() > 0) return timeout;
-  } catch (const std::exception&) {
-  }
-  throw ConfigError(given + " is not a hang timeout: give positive seconds, or none");
-}
-
 }  // namespace
 
 Options resolve_options(const Options& given, const NodePlan& nodes) {
-  Options options = within_the_clocks(given);
+  backend::check_backend_name(given.backend);  // refused whatever SGPU_BACKEND says
+  Options options = within_the_clocks(contract::with_environment(given));
   options.nnodes = nodes.nnodes;
   options.node_rank = nodes.node_rank;
   check_options(options);
@@ -96,7 +85,7 @@ Options resolve_options(const Options& given, const NodePlan& nodes) {
 
 CallPlan plan_call(Options options, const RankProgram& program) {
   CallPlan plan;
-  plan.hang_timeout = hang_timeout_of(options);
+  plan.hang_timeout = options.hang_timeout;
   // The watchdog reads the rings: ranks that keep none are never judged hung.
   if (options.recorder_entries == 0) plan.hang_timeout = kNoTimeout;
   // The fork server forks this binary; a program's ranks are other binaries, and a

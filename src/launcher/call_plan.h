@@ -15,14 +15,15 @@
 
 namespace sgpu::launcher {
 
-// Step 1: the options as given, their durations within the clocks, with this node's place
+// Step 1: the options as given, as the SGPU_* variables set them (contract::with_environment,
+// NOTE [The option table]), their durations within the clocks, with this node's place
 // (nnodes, node_rank), checked. `nodes` is plan_nodes(given).
 Options resolve_options(const Options& given, const NodePlan& nodes);
 
 struct CallPlan {
   Options options;  // resolve_options's
-  // When a collective is judged hung (SGPU_HANG_TIMEOUT over Options::hang_timeout);
-  // nullopt: never, as when the ranks keep no collective ring.
+  // When a collective is judged hung (the options' hang_timeout); nullopt: never, as when
+  // the ranks keep no collective ring.
   Timeout hang_timeout;
   StartMethod method = StartMethod::kExec;
   std::string backend;                   // its name

@@ -58,7 +58,6 @@ namespace sgpu::launcher {
 
 std::filesystem::path runs_dir(const Options& options) {
   if (!options.runs_dir.empty()) return options.runs_dir;
-  if (const char* env = std::getenv("SGPU_RUNS_DIR"); env != nullptr && *env != '\0') return env;
   const char* tmp = std::getenv("TMPDIR");
   return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
          ("sgpu-" + std::to_string(::getuid())) / "runs";

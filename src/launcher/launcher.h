@@ -54,8 +54,8 @@ struct WorkerCall {
 };
 std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call);
 
-// Where calls' run folders go: Options::runs_dir, else SGPU_RUNS_DIR, else
-// $TMPDIR/sgpu-<uid>/runs.
+// Where calls' run folders go: Options::runs_dir (SGPU_RUNS_DIR stands in for it:
+// contract::with_environment), else $TMPDIR/sgpu-<uid>/runs.
 std::filesystem::path runs_dir(const Options& options);
 
 }  // namespace sgpu::launcher

@@ -53,13 +53,6 @@ class ExecStarter final : public RankStarter {
 std::unique_ptr<RankStarter> make_exec_starter() { return std::make_unique<ExecStarter>(); }
 
 StartMethod resolve_start_method(const Options& options) {
-  if (const char* env = std::getenv("SGPU_START_METHOD"); env != nullptr && *env != '\0') {
-    const std::string value = env;
-    if (value == "exec") return StartMethod::kExec;
-    if (value == "fork-server") return StartMethod::kForkServer;
-    throw ConfigError("SGPU_START_METHOD is \"" + value +
-                      "\"; it takes \"fork-server\" or \"exec\"");
-  }
   return options.start_method == StartMethod::kExec ? StartMethod::kExec : StartMethod::kForkServer;
 }
 

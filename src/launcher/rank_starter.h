@@ -51,8 +51,7 @@ class RankStarter {
 
 std::unique_ptr<RankStarter> make_exec_starter();
 
-// Options::start_method, overridden by SGPU_START_METHOD ("fork-server" or "exec").
-// Throws ConfigError for another value.
+// Options::start_method (as SGPU_START_METHOD leaves it): exec, else the fork server.
 StartMethod resolve_start_method(const Options& options);
 
 std::unique_ptr<RankStarter> make_starter(StartMethod method);

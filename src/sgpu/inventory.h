@@ -43,8 +43,8 @@ struct BackendInventory {
   Inventory inventory;
 };
 
-// Every backend of this build, in preference order. Throws ConfigError for a malformed
-// node spec.
+// Every backend of this build, in preference order, for `options` as the SGPU_* variables
+// set them (SGPU_SIM, say). Throws ConfigError for a malformed node spec or variable.
 std::vector<BackendInventory> inventories(const Options& options = {});
 
 }  // namespace sgpu

@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <variant>
 
+#include "contract/option_table.h"
 #include "sgpu/config.h"
 #include "sgpu/errors.h"
 #include "tracking/file/file_store.h"
@@ -57,16 +60,8 @@ std::string tracking_uri_from_environment() {
 }
 
 bool tracking_enabled_by_environment() {
-  const char* value = std::getenv("SGPU_TRACKING");
-  if (value == nullptr || *value == '\0') return true;
-  const std::string v(value);
-  if (v == "off" || v == "0" || v == "false" || v == "no" || v == "OFF" || v == "False") {
-    return false;
-  }
-  if (v == "on" || v == "1" || v == "true" || v == "yes" || v == "ON" || v == "True") return true;
-  throw ConfigError("SGPU_TRACKING=" + v +
-                    " is neither on nor off: \"off\" (or 0, false, no) records no MLflow run, "
-                    "\"on\" (or 1, true, yes, or leaving it unset) records one");
+  const std::optional<contract::OptionValue> value = contract::environment_value("tracking");
+  return !value || std::get<bool>(*value);
 }
 
 }  // namespace sgpu::tracking

@@ -1,12 +1,15 @@
 // The option table (contract/option_table.h): each row sets its own member of
 // sgpu::Options from what a front end gives, a value of another kind is a ConfigError that
-// names the option, advice for the sgpu command spells the row's flag, and docs/options.md
-// holds the table the rows make.
+// names the option, the SGPU_* variables act on their options as their rows say (and a
+// value a row does not take is refused naming the variable), advice for the sgpu command
+// spells the row's flag, and docs/options.md holds the table the rows make.
 #include "contract/option_table.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,9 +19,12 @@
 
 namespace {
 
+using sgpu::contract::environment_value;
+using sgpu::contract::EnvRule;
 using sgpu::contract::find_option;
 using sgpu::contract::option_table;
 using sgpu::contract::OptionValue;
+using sgpu::contract::with_environment;
 
 sgpu::Options set(std::string_view name, const OptionValue& value) {
   sgpu::Options options;
@@ -26,6 +32,32 @@ sgpu::Options set(std::string_view name, const OptionValue& value) {
   EXPECT_NE(row, nullptr) << name;
   if (row != nullptr) row->set(options, value);
   return options;
+}
+
+// Sets `name` to `value` (nullptr: unsets it) for the scope, then puts back what it was.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* was = ::getenv(name)) was_ = was;
+    value != nullptr ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedVariable() { was_ ? ::setenv(name_, was_->c_str(), 1) : ::unsetenv(name_); }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> was_;
+};
+
+void expect_refused(const char* variable, const char* value, const std::string& says) {
+  const ScopedVariable set(variable, value);
+  try {
+    with_environment({});
+    ADD_FAILURE() << variable << "=" << value << " was taken";
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
 }
 
 TEST(OptionTable, NamesAndFlagsAreEachOneOptionsAndEveryRowSaysWhatItIs) {
@@ -78,6 +110,87 @@ TEST(OptionTable, AValueOfAnotherKindOrOutOfRangeNamesTheOption) {
   refused("timeout", std::string("1"), "timeout takes seconds, or none");
   refused("gpus", 1LL << 40, "gpus is out of range");
   refused("recorder_entries", -1LL, "recorder_entries is out of range");
+}
+
+TEST(OptionTable, ARowWithAVariableSaysHowItActs) {
+  for (const auto& row : option_table()) {
+    EXPECT_EQ(row.env.empty(), row.env_rule == EnvRule::kNone) << row.name;
+    if (row.env_rule == EnvRule::kStandsIn) {
+      EXPECT_NE(row.left_empty, nullptr) << row.name;
+    }
+    if (row.env_rule == EnvRule::kTurnsOff) {
+      EXPECT_EQ(row.type, sgpu::contract::OptionType::kBool) << row.name;
+    }
+  }
+}
+
+TEST(OptionTable, AVariableDecidesStandsInOrTurnsOffAsItsRowSays) {
+  const ScopedVariable backend("SGPU_BACKEND", "sim"), hang("SGPU_HANG_TIMEOUT", "none"),
+      node("SGPU_SIM", "2xA10"), transport("SGPU_SIM_TRANSPORT", "gloo"),
+      tracking("SGPU_TRACKING", "off"), cuda("SGPU_SIM_CUDA", "0"),
+      method("SGPU_START_METHOD", "exec"), runs("SGPU_RUNS_DIR", "/runs");
+  sgpu::Options given;
+  given.backend = "cuda";
+  given.sim_transport = "shm";
+  const sgpu::Options options = with_environment(given);
+  EXPECT_EQ(options.backend, "sim");  // it decides
+  EXPECT_EQ(options.hang_timeout, sgpu::kNoTimeout);
+  EXPECT_FALSE(options.sim_cuda);
+  EXPECT_EQ(options.start_method, sgpu::StartMethod::kExec);
+  EXPECT_EQ(options.sim_node, "2xA10");     // it stands in for the option left empty
+  EXPECT_EQ(options.runs_dir, "/runs");     // a path's row too
+  EXPECT_EQ(options.sim_transport, "shm");  // not for one given
+  EXPECT_FALSE(options.tracking);           // it turns it off
+}
+
+TEST(OptionTable, AVariableTurnsNothingOnAndOneTheOptionLeavesUnusedIsNotRead) {
+  const ScopedVariable tracking("SGPU_TRACKING", "on"), transport("SGPU_SIM_TRANSPORT", "ib"),
+      empty("SGPU_BACKEND", "");
+  sgpu::Options given;
+  given.tracking = false;
+  given.sim_transport = "gloo";
+  const sgpu::Options options = with_environment(given);
+  EXPECT_FALSE(options.tracking);
+  EXPECT_EQ(options.sim_transport, "gloo");
+  EXPECT_EQ(options.backend, "auto");  // set but empty is unset
+}
+
+TEST(OptionTable, AVariableItsRowDoesNotTakeIsRefusedNamingIt) {
+  expect_refused("SGPU_HANG_TIMEOUT", "soon", "SGPU_HANG_TIMEOUT=soon is not positive seconds");
+  expect_refused("SGPU_HANG_TIMEOUT", "0", "SGPU_HANG_TIMEOUT=0 is not positive seconds or none");
+  expect_refused("SGPU_HANG_TIMEOUT", "nan", "SGPU_HANG_TIMEOUT=nan is not positive seconds");
+  expect_refused("SGPU_TRACKING", "maybe", "SGPU_TRACKING=maybe is neither on nor off");
+  expect_refused("SGPU_SIM_CUDA", "maybe", "SGPU_SIM_CUDA=maybe is neither on nor off");
+  expect_refused("SGPU_START_METHOD", "auto",
+                 "SGPU_START_METHOD=auto is not \"fork-server\" or \"exec\"");
+  expect_refused("SGPU_SIM_COMPUTE", "shape",
+                 "SGPU_SIM_COMPUTE=shape is not \"values\" or \"shapes\" (SGPU_SIM_COMPUTE sets");
+}
+
+TEST(OptionTable, ARankReadsWhatItsLauncherResolvedByTheRowsName) {
+  {
+    const ScopedVariable unset("SGPU_SIM", nullptr);
+    EXPECT_FALSE(environment_value("sim_node").has_value());
+  }
+  const ScopedVariable node("SGPU_SIM", "4xH100"), cuda("SGPU_SIM_CUDA", "off");
+  EXPECT_EQ(std::get<std::string>(*environment_value("sim_node")), "4xH100");
+  EXPECT_FALSE(std::get<bool>(*environment_value("sim_cuda")));
+  EXPECT_FALSE(environment_value("gpus").has_value());  // a row with no variable
+  EXPECT_FALSE(environment_value("no_such_option").has_value());
+}
+
+TEST(OptionTable, AFrontEndsTextIsAValueOfTheRowsKind) {
+  using sgpu::contract::option_value_of_text;
+  EXPECT_EQ(std::get<long long>(option_value_of_text(*find_option("gpus"), "4")), 4);
+  EXPECT_EQ(std::get<double>(option_value_of_text(*find_option("timeout"), "1.5")), 1.5);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(
+      option_value_of_text(*find_option("timeout"), "none")));
+  EXPECT_EQ(std::get<std::vector<int>>(option_value_of_text(*find_option("console_ranks"), "0,3")),
+            (std::vector<int>{0, 3}));
+  EXPECT_TRUE(std::get<bool>(option_value_of_text(*find_option("tracking"), "yes")));
+  EXPECT_THROW(option_value_of_text(*find_option("gpus"), "4x"), std::invalid_argument);
+  EXPECT_THROW(option_value_of_text(*find_option("teardown_grace"), "nan"), std::invalid_argument);
+  EXPECT_THROW(option_value_of_text(*find_option("tracking"), "maybe"), std::invalid_argument);
 }
 
 TEST(OptionTable, AdviceForTheCommandSpellsTheRowsFlag) {

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "contract/option_table.h"
 #include "launcher/rank_starter.h"
 #include "sgpu/sgpu.h"
 #include "testing/process_table.h"
@@ -43,7 +44,8 @@ std::set<std::string> listening_sockets() {
 // that happens on one call in ten.
 TEST(Lifecycle, ManyCallsInARowLeakNothing) {
   sgpu::Options options = sgpu::testing::sim(1);
-  const bool exec = sgpu::launcher::resolve_start_method(options) == sgpu::StartMethod::kExec;
+  const bool exec = sgpu::launcher::resolve_start_method(
+                        sgpu::contract::with_environment(options)) == sgpu::StartMethod::kExec;
   const int calls = exec ? 40 : 200;
   auto job = sgpu::distributed(twice, options);
   EXPECT_EQ(job.distributed(1), (std::vector<int>{2}));  // warm up lazily created state

@@ -298,7 +298,7 @@ def test_sim_cuda_off_keeps_cpu_devices(monkeypatch):
     monkeypatch.setenv("SGPU_SIM_CUDA", "off")
     assert devices.distributed() == [(False, "cpu", False)]
     monkeypatch.setenv("SGPU_SIM_CUDA", "maybe")
-    with pytest.raises(sgpu.ConfigError, match="SGPU_SIM_CUDA=maybe is not"):
+    with pytest.raises(sgpu.ConfigError, match="SGPU_SIM_CUDA=maybe is neither on nor off"):
         devices.distributed()
     monkeypatch.delenv("SGPU_SIM_CUDA")
 

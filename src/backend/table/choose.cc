@@ -1,11 +1,11 @@
 // Picks a backend from the generated table (backend_table.cc).
-#include <cstdlib>
 #include <map>
 #include <mutex>
 
 #include "backend/backend_table.h"
 #include "backend/selection.h"
 #include "contract/front_end.h"
+#include "contract/option_table.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::backend {
@@ -19,13 +19,6 @@ std::string known_backends_text() {
     text += "\"" + std::string(entry.name) + "\"";
   }
   return text;
-}
-
-bool has_backend(std::string_view name) {
-  for (const BackendEntry& entry : backend_table()) {
-    if (entry.name == name) return true;
-  }
-  return false;
 }
 
 }  // namespace
@@ -49,20 +42,14 @@ const Backend& rank_backend(const contract::RankEnvironment& env) {
   return find_backend(env.backend.empty() ? "sim" : env.backend);
 }
 
-const Backend& choose_backend(const Options& options) {
-  std::string name = options.backend;
-  // An invalid value is invalid whatever overrides it: "nccl" is no backend, even where
-  // SGPU_BACKEND decides.
+void check_backend_name(std::string_view name) {
   if (name != "auto" && name != "cuda" && name != "sim") {
     find_backend(name);  // ConfigError naming the backends there are
   }
-  if (const char* env = std::getenv("SGPU_BACKEND"); env != nullptr && *env != '\0') {
-    name = env;
-    if (name != "auto" && !has_backend(name)) {
-      throw ConfigError("SGPU_BACKEND=" + name + " names no backend; this build has " +
-                        known_backends_text() + " and \"auto\"");
-    }
-  }
+}
+
+const Backend& choose_backend(const Options& options) {
+  const std::string& name = options.backend;
   if (name != "auto") return find_backend(name);
   std::string reasons;
   for (const BackendEntry& entry : backend_table()) {
@@ -73,9 +60,10 @@ const Backend& choose_backend(const Options& options) {
     reasons += "; " + std::string(entry.name) + ": " + inventory.unavailable_reason;
   }
   if (reasons.empty()) reasons = "; this build has no real GPU backend (built without CUDA)";
-  throw AcceleratorMismatchError("backend \"auto\" found no GPU on this node" + reasons +
-                                 ". To run on simulated GPUs, " + backend_advice("sim") +
-                                 (std::getenv("SGPU_BACKEND") ? "" : " or set SGPU_BACKEND=sim"));
+  throw AcceleratorMismatchError(
+      "backend \"auto\" found no GPU on this node" + reasons + ". To run on simulated GPUs, " +
+      backend_advice("sim") +
+      (contract::environment_value("backend") ? "" : " or set SGPU_BACKEND=sim"));
 }
 
 }  // namespace sgpu::backend
