@@ -35,6 +35,7 @@
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
 #include "launcher/accounting.h"
+#include "launcher/call_plan.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
 #include "launcher/rank_group.h"
@@ -76,7 +77,7 @@ contract::OptionValue option_value(const contract::OptionRow& row, const py::han
 }
 
 // The decorator's keywords (already type-checked by sgpu._decorator against the same
-// table) as sgpu::Options.
+// table) as sgpu::Options. ConfigError for NaN seconds and a start method there is none of.
 Options options_from(const py::dict& given) {
   Options options;
   for (const auto& [key, value] : given) {
@@ -530,6 +531,11 @@ void bind_caller_side(py::module_& m) {
         py::arg("parent_run_id") = std::string(),
         py::arg("fork_server") = std::vector<std::string>());
   m.def("option_table", &option_table);
+  m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
+  m.def("check_options", [](const py::dict& given) {
+    contract::set_front_end(contract::FrontEnd::kPython);  // advice spells the keywords
+    launcher::check_option_values(options_from(given));
+  });
   m.def("serve_forks", &serve_forks);
   m.def("fork_server_pid", [](const std::vector<std::string>& command) {
     return static_cast<long>(sgpu::launcher::fork_server_pid(command));

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional
 
 from sgpu import errors
 
-DEFAULT_TIMEOUT = 3 * 60 * 60.0  # seconds: three hours, as in C++
 _UNSET = object()
 
 # The Python types each kind of option in the option table takes (NOTE [The option table]
@@ -49,6 +48,10 @@ def _option_types() -> dict:
 
 
 def _check_options(options: dict) -> dict:
+    """The keywords checked as the decorator is applied: their types here (Python's own
+    refusals: a bool where a number goes), their values by the C++ checks a call makes."""
+    from sgpu import _native
+
     checked = {}
     for key, value in options.items():
         types = _option_types()
@@ -61,35 +64,6 @@ def _check_options(options: dict) -> dict:
         if not isinstance(value, kinds):
             raise errors.ConfigError(f"{key} must be {what}, got {value!r}")
         checked[key] = value
-    if "gpus" in checked and checked["gpus"] < 1:
-        raise errors.ConfigError(f"gpus must be at least 1, got {checked['gpus']}")
-    timeout = checked.get("timeout", DEFAULT_TIMEOUT)
-    if timeout is not None and not timeout > 0:
-        raise errors.ConfigError(
-            f"timeout must be positive seconds, got {timeout!r}; use timeout=None for no deadline"
-        )
-    checked["timeout"] = timeout
-    hang_timeout = checked.get("hang_timeout", 600.0)
-    if hang_timeout is not None and not hang_timeout > 0:
-        raise errors.ConfigError(
-            f"hang_timeout must be positive seconds, got {hang_timeout!r}; "
-            "use hang_timeout=None to never judge a call hung"
-        )
-    if "rdzv_timeout" in checked and not checked["rdzv_timeout"] > 0:
-        raise errors.ConfigError(
-            f"rdzv_timeout must be positive seconds, got {checked['rdzv_timeout']!r}"
-        )
-    if checked.get("recorder_entries", 0) < 0:
-        raise errors.ConfigError("recorder_entries must not be negative")
-    if "max_payload_bytes" in checked and checked["max_payload_bytes"] < 1:
-        raise errors.ConfigError("max_payload_bytes must be positive")
-    if not checked.get("teardown_grace", 0) >= 0:  # NaN too
-        raise errors.ConfigError(
-            f"teardown_grace must be seconds, not negative, got {checked['teardown_grace']!r}")
-    if checked.get("start_method", "auto") not in ("auto", "fork-server", "exec"):
-        raise errors.ConfigError(
-            f'start_method must be "auto", "fork-server" or "exec", got {checked["start_method"]!r}'
-        )
     if checked.get("console_ranks") is not None:
         ranks = list(checked["console_ranks"])
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
@@ -97,6 +71,7 @@ def _check_options(options: dict) -> dict:
         checked["console_ranks"] = ranks
     if "runs_dir" in checked:
         checked["runs_dir"] = str(checked["runs_dir"])
+    _native.check_options(checked)
     return checked
 
 
@@ -405,7 +380,7 @@ class DistributedFunction:
         function = self._function
         name = options.pop("name", None) or getattr(function, "__name__", "function")
         qualified = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', name)}"
-        max_bytes = options.get("max_payload_bytes", 256 << 20)
+        max_bytes = options.get("max_payload_bytes", _native.DEFAULT_MAX_PAYLOAD_BYTES)
         try:
             body = cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as error:

@@ -45,13 +45,23 @@ bool as_flag(const OptionValue& value, const char* name) {
   return held_value<bool>(value, name, "true or false");
 }
 
+// Seconds that are a number: NaN is refused as what the option must be.
+double as_number_of_seconds(const OptionValue& value, const char* name, const char* kind) {
+  const double seconds = held_value<double>(value, name, kind);
+  if (std::isnan(seconds)) {
+    throw ConfigError(spell(name) + " must be " + std::string(find_option(name)->must_be) +
+                      ", got nan");
+  }
+  return seconds;
+}
+
 std::chrono::milliseconds as_seconds(const OptionValue& value, const char* name) {
-  return duration_of_seconds(held_value<double>(value, name, "seconds"));
+  return duration_of_seconds(as_number_of_seconds(value, name, "seconds"));
 }
 
 Timeout as_timeout(const OptionValue& value, const char* name) {
   if (std::holds_alternative<std::monostate>(value)) return kNoTimeout;
-  return timeout_of_seconds(held_value<double>(value, name, "seconds, or none"));
+  return timeout_of_seconds(as_number_of_seconds(value, name, "seconds, or none"));
 }
 
 #define SGPU_SET(member, how) [](Options& o, const OptionValue& v) { o.member = how(v, #member); }
@@ -121,6 +131,11 @@ constexpr OptionRow kRows[] = {
      "SGPU_START_METHOD", "", "how ranks start: `\"fork-server\"` or `\"exec\"`",
      [](Options& o, const OptionValue& v) {
        const std::string method = as_text(v, "start_method");
+       if (method != "auto" && method != "exec" && method != "fork-server") {
+         throw ConfigError(spell("start_method") + " must be " +
+                           std::string(find_option("start_method")->must_be) + ", got \"" + method +
+                           "\"");
+       }
        o.start_method = method == "exec"          ? StartMethod::kExec
                         : method == "fork-server" ? StartMethod::kForkServer
                                                   : StartMethod::kAuto;

@@ -21,9 +21,8 @@
 #include "sgpu/errors.h"
 
 namespace sgpu::launcher {
-namespace {
 
-void check_options(const Options& options) {
+void check_option_values(const Options& options) {
   if (options.gpus < 1) {
     throw ConfigError(contract::spell("gpus") + " must be at least 1, got " +
                       std::to_string(options.gpus));
@@ -44,6 +43,12 @@ void check_options(const Options& options) {
   }
   if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
   if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
+}
+
+namespace {
+
+void check_options(const Options& options) {
+  check_option_values(options);
   if (options.console_ranks) {
     const int world = options.gpus * std::max(options.nnodes, 1);
     for (int rank : *options.console_ranks) {

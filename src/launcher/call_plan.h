@@ -15,6 +15,11 @@
 
 namespace sgpu::launcher {
 
+// What each option's value must be on its own (gpus at least 1, timeouts positive, ...),
+// in the caller's spelling: ConfigError. Step 1 checks it with the rest; the Python
+// decorator, as it is applied.
+void check_option_values(const Options& options);
+
 // Step 1: the options as given, as the SGPU_* variables set them (contract::with_environment,
 // NOTE [The option table]), their durations within the clocks, with this node's place
 // (nnodes, node_rank), checked. `nodes` is plan_nodes(given).

@@ -200,7 +200,13 @@ def test_an_unpicklable_result_names_the_rank():
         ({"console_ranks": [0, 9], "gpus": 2}, "console_ranks names rank 9"),
         ({"backend": "tpu"}, "tpu"),
         ({"timeout": True}, "timeout must be seconds"),
-        ({"timeout": float("nan")}, "timeout must be positive seconds, got nan"),
+        ({"timeout": float("nan")}, r"timeout must be seconds \(a positive number.*, got nan"),
+        ({"gpus": 0}, "gpus must be at least 1, got 0"),
+        ({"hang_timeout": 0}, "hang_timeout must be positive, got 0 ms; use hang_timeout=None"),
+        ({"rdzv_timeout": -1.0}, "rdzv_timeout must be positive seconds"),
+        ({"max_payload_bytes": 0}, "max_payload_bytes must be positive"),
+        ({"teardown_grace": -1}, "teardown_grace must not be negative"),
+        ({"recorder_entries": -1}, "recorder_entries is out of range"),
         ({"hang_timeout": False}, "hang_timeout must be seconds"),
         ({"teardown_grace": float("nan")}, "teardown_grace must be seconds"),
         ({"teardown_grace": True}, "teardown_grace must be seconds"),
@@ -211,6 +217,16 @@ def test_bad_options_are_config_errors_before_anything_starts(options, match, mo
     monkeypatch.setenv("SGPU_SIM", "8xH100")
     with pytest.raises(sgpu.ConfigError, match=match):
         distributed(**options)(whoami).distributed(1)
+
+
+def test_a_bad_value_is_refused_as_the_decorator_is_applied():
+    # The C++ checks of a call, run by the decorator itself: no call is needed to see them.
+    with pytest.raises(sgpu.ConfigError, match="gpus must be at least 1, got 0"):
+        distributed(gpus=0)(whoami)
+    with pytest.raises(sgpu.ConfigError,
+                       match='start_method must be "auto", "fork-server" or "exec", got "spawn"'):
+        distributed(start_method="spawn")(whoami)
+    assert distributed(gpus=2, timeout=None, hang_timeout=None)(whoami) is not None
 
 
 def test_a_gpu_type_the_node_lacks_is_a_mismatch_before_anything_starts(sgpu_sandbox):
