@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -110,6 +111,10 @@ TEST(OptionTable, AValueOfAnotherKindOrOutOfRangeNamesTheOption) {
   refused("timeout", std::string("1"), "timeout takes seconds, or none");
   refused("gpus", 1LL << 40, "gpus is out of range");
   refused("recorder_entries", -1LL, "recorder_entries is out of range");
+  refused("timeout", std::nan(""), "Options::timeout must be seconds (a positive number");
+  refused("teardown_grace", std::nan(""), "Options::teardown_grace must be seconds");
+  refused("start_method", std::string("spawn"),
+          "Options::start_method must be \"auto\", \"fork-server\" or \"exec\", got \"spawn\"");
 }
 
 TEST(OptionTable, ARowWithAVariableSaysHowItActs) {
