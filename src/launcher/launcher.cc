@@ -40,6 +40,7 @@
 #include "launcher/nodes.h"
 #include "launcher/peers.h"
 #include "launcher/process.h"
+#include "launcher/rank_environment.h"
 #include "launcher/rank_program.h"
 #include "launcher/rank_starter.h"
 #include "launcher/stacks.h"
@@ -284,15 +285,13 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   }
   int world_size() const { return options_.gpus * nodes_.nnodes; }
 
-  // The caller's environment with the rank's variables set over it; a variable the
-  // caller has under one of those names (a caller that is itself a torchrun worker, say)
-  // is replaced, never passed on.
+  // The rank's environment (launcher/rank_environment.h).
   std::vector<std::string> rank_env(const RankSlot& slot) const {
-    const int world = world_size();
-    contract::RankEnvironment rank;
+    RankEnvironmentPlan plan;
+    contract::RankEnvironment& rank = plan.rank;
     rank.rank = slot.rank;
     rank.local_rank = slot.local_rank;
-    rank.world_size = world;
+    rank.world_size = world_size();
     rank.local_world_size = options_.gpus;
     rank.node_rank = nodes_.node_rank;
     rank.group_world_size = nodes_.nnodes;
@@ -307,34 +306,12 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     rank.lifeline_fd = kRankLifelineFd;
     rank.group_timeout = group_timeout();
     rank.recorder_entries = options_.recorder_entries;
-    std::vector<std::pair<std::string, std::string>> vars = rank.variables();
-    // PyTorch's env:// rendezvous joins the caller's store instead of hosting one.
-    vars.insert(vars.end(),
-                {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                 {"TORCHELASTIC_RESTART_COUNT", "0"},
-                 {"TORCHELASTIC_RUN_ID", link_ ? nodes_.id : run_dir_.filename().string()}});
-    program_->add_environment(slot, vars);
-    for (auto& var :
-         tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment()) {
-      vars.push_back(std::move(var));
-    }
-    for (const std::string& var : backend_env_) {
-      const auto eq = var.find('=');
-      vars.emplace_back(var.substr(0, eq), var.substr(eq + 1));
-    }
-    if (world > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-      vars.emplace_back("OMP_NUM_THREADS", "1");
-    }
-    std::vector<std::string> env;
-    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-      const std::string_view var(*entry);
-      const std::string_view name = var.substr(0, var.find('='));
-      if (std::none_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; })) {
-        env.emplace_back(var);
-      }
-    }
-    for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
-    return env;
+    plan.run_id = link_ ? nodes_.id : run_dir_.filename().string();
+    program_->add_environment(slot, plan.program);
+    plan.tracking =
+        tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment();
+    plan.backend = backend_env_;
+    return rank_process_environment(plan, environ);
   }
 
   // Collectives give up with the call: its timeout, or c10d's 30 minutes without one.
