@@ -3,6 +3,7 @@ collective faults, and PyTorch's own DDP and FSDP, over both simulated transport
 
 import os
 import re
+import time
 
 import pytest
 
@@ -322,3 +323,26 @@ def test_the_less_used_ops_run_as_torchs_backends_run_them(transport):
     else:
         # The shared-memory transport moves dense tensors; a sparse one is refused by name.
         assert all("sparse" in r[2].lower() for r in results), results
+
+
+def waits_in_a_collective():
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")  # torch's default timeout: 30 minutes
+    if dist.get_rank() == 1:
+        time.sleep(60)  # never joins the all-reduce within the call's deadline
+    dist.all_reduce(torch.ones(4))
+    return 0
+
+
+def test_the_calls_deadline_ends_a_collective_its_group_would_still_wait_on():
+    # The call's timeout bounds a Python rank's collectives: rank 0's all-reduce, whose
+    # group would wait 30 minutes, ends with the call at its 6 s.
+    started = time.monotonic()
+    with pytest.raises(sgpu.TimeoutError, match="ranks still running: 0, 1") as caught:
+        distributed(gpus=2, timeout=6, teardown_grace=0.5)(waits_in_a_collective).distributed()
+    assert time.monotonic() - started < 60
+    assert [row.kind for row in caught.value.ranks] == ["timed_out", "timed_out"]
