@@ -1,5 +1,6 @@
 #include "contract/option_table.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -218,27 +219,31 @@ std::optional<bool> on_or_off_in_text(std::string_view text) {
   return std::nullopt;
 }
 
+// A row's choices, "a|b|c", one by one.
+std::vector<std::string_view> choice_list(std::string_view choices) {
+  std::vector<std::string_view> list;
+  for (std::size_t start = 0; start <= choices.size();) {
+    const std::size_t bar = std::min(choices.find('|', start), choices.size());
+    list.push_back(choices.substr(start, bar - start));
+    start = bar + 1;
+  }
+  return list;
+}
+
 // "a|b|c" as a message names them: "a", "b" or "c".
 std::string choices_named(std::string_view choices) {
+  const std::vector<std::string_view> list = choice_list(choices);
   std::string named;
-  for (std::size_t start = 0; start <= choices.size();) {
-    std::size_t bar = choices.find('|', start);
-    if (bar == std::string_view::npos) bar = choices.size();
-    if (!named.empty()) named += bar == choices.size() ? " or " : ", ";
-    named += "\"" + std::string(choices.substr(start, bar - start)) + "\"";
-    start = bar + 1;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (i > 0) named += i + 1 == list.size() ? " or " : ", ";
+    named += "\"" + std::string(list[i]) + "\"";
   }
   return named;
 }
 
 bool among_choices(std::string_view choices, std::string_view text) {
-  for (std::size_t start = 0; start <= choices.size();) {
-    std::size_t bar = choices.find('|', start);
-    if (bar == std::string_view::npos) bar = choices.size();
-    if (choices.substr(start, bar - start) == text) return true;
-    start = bar + 1;
-  }
-  return false;
+  const std::vector<std::string_view> list = choice_list(choices);
+  return std::find(list.begin(), list.end(), text) != list.end();
 }
 
 // The row's variable as its value (environment_value's contract).

@@ -4,17 +4,6 @@
 #include <string_view>
 
 namespace sgpu::launcher {
-namespace {
-
-bool has_variable(char** caller, std::string_view name) {
-  for (char** entry = caller; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view var(*entry);
-    if (var.substr(0, var.find('=')) == name) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 std::vector<std::string> rank_process_environment(const RankEnvironmentPlan& plan, char** caller) {
   RankEnvironmentPlan::Variables vars = plan.rank.variables();
@@ -29,14 +18,16 @@ std::vector<std::string> rank_process_environment(const RankEnvironmentPlan& pla
     vars.emplace_back(var.substr(0, eq), var.substr(eq + 1));
   }
   std::vector<std::string> env;
+  bool caller_sets_threads = false;
   for (char** entry = caller; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view var(*entry);
     const std::string_view name = var.substr(0, var.find('='));
+    caller_sets_threads = caller_sets_threads || name == "OMP_NUM_THREADS";
     if (std::none_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; })) {
       env.emplace_back(var);
     }
   }
-  if (plan.rank.world_size > 1 && !has_variable(caller, "OMP_NUM_THREADS")) {
+  if (plan.rank.world_size > 1 && !caller_sets_threads) {
     env.emplace_back("OMP_NUM_THREADS=1");
   }
   for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
