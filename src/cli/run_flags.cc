@@ -1,11 +1,7 @@
 #include "cli/run_flags.h"
 
 #include <cctype>
-#include <chrono>
-#include <cmath>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 #include <stdexcept>
 
 #include "contract/option_table.h"
@@ -15,7 +11,6 @@ namespace {
 
 using contract::OptionRow;
 using contract::OptionType;
-using contract::OptionValue;
 
 // A row's Markdown as the command's help shows it: "[text](link)" is text, code is plain.
 std::string plain(std::string_view markdown) {
