@@ -8,11 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
-#include <variant>
 
 #include "backend/process_group_factory.h"
 #include "collectives/interposer.h"
@@ -42,10 +40,10 @@ struct RankFaults {
 RankFaults& rank_faults() {
   static RankFaults* faults = [] {
     auto* state = new RankFaults;  // outlives any exit path
-    const std::optional<contract::OptionValue> plan = contract::environment_value("sim_faults");
-    if (!plan) return state;
+    const std::string plan = contract::environment_text("sim_faults");
+    if (plan.empty()) return state;
     const contract::RankEnvironment env = contract::read_rank_environment();
-    for (const Fault& fault : parse_faults(std::get<std::string>(*plan), env.world_size)) {
+    for (const Fault& fault : parse_faults(plan, env.world_size)) {
       if (fault.rank == env.rank) state->faults.push_back(fault);
     }
     return state;
@@ -173,9 +171,6 @@ class FaultInjectingBackend final : public collectives::InterposingBackend {
   }
 };
 
-// Options::sim_faults (SGPU_SIM_FAULTS stands in for it: NOTE [The option table]).
-const std::string& plan_of(const Options& options) { return options.sim_faults; }
-
 // The launch's ranks, on every node.
 int world_of(const Options& options) { return options.gpus * std::max(options.nnodes, 1); }
 
@@ -191,7 +186,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
       std::string(contract::kPlatformVar) + "=" + platform,
       std::string(contract::kSimComputeVar) + "=" +
           (computes_shapes(options) ? "shapes" : "values")};
-  const std::string plan = plan_of(options);
+  const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return variables;
   parse_faults(plan, world_of(options));  // ConfigError before anything starts
   variables.push_back(std::string(kFaultsVar) + "=" + plan);
@@ -199,7 +194,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
 }
 
 std::vector<std::string> SimBackend::ending_faults(const Options& options) const {
-  const std::string plan = plan_of(options);
+  const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return {};
   std::vector<std::string> ending;
   // Over several nodes, each node answers for its own ranks' faults.
@@ -298,20 +293,14 @@ bool computes_shapes(const Options& options) {
                     "hold data) or \"shapes\" (a Python rank's tensors carry shapes and no data)");
 }
 
-bool rank_computes_shapes() {
-  const std::optional<contract::OptionValue> compute = contract::environment_value("sim_compute");
-  return compute && std::get<std::string>(*compute) == "shapes";
-}
+bool rank_computes_shapes() { return contract::environment_text("sim_compute") == "shapes"; }
 
 const char* transport_name(Transport transport) {
   return transport == Transport::kShm ? "shm" : "gloo";
 }
 
 Transport rank_transport() {
-  const std::optional<contract::OptionValue> transport =
-      contract::environment_value("sim_transport");
-  return transport && std::get<std::string>(*transport) == "gloo" ? Transport::kGloo
-                                                                  : Transport::kShm;
+  return contract::environment_text("sim_transport") == "gloo" ? Transport::kGloo : Transport::kShm;
 }
 
 const backend::ProcessGroupFactory& SimBackend::process_groups() const {

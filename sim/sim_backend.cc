@@ -1,7 +1,6 @@
 #include "sim/sim_backend.h"
 
 #include <string>
-#include <variant>
 
 #include "backend/memory_stats.h"
 #include "contract/option_table.h"
@@ -21,8 +20,8 @@ namespace {
 
 // In a rank: the node its launcher resolved (SGPU_SIM).
 std::string rank_node_spec() {
-  const auto spec = contract::environment_value("sim_node");
-  return spec ? std::get<std::string>(*spec) : std::string(kDefaultNodeSpec);
+  const std::string spec = contract::environment_text("sim_node");
+  return spec.empty() ? std::string(kDefaultNodeSpec) : spec;
 }
 
 }  // namespace

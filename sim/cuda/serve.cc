@@ -2,9 +2,7 @@
 #include <c10/util/Registry.h>
 
 #include <atomic>
-#include <optional>
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
-#include <variant>
 #include <vector>
 
 #include "contract/option_table.h"
@@ -60,10 +58,7 @@ void install_reducer_timer() {
 
 }  // namespace
 
-bool enabled() {
-  const std::optional<contract::OptionValue> value = contract::environment_value("sim_cuda");
-  return !value || std::get<bool>(*value);
-}
+bool enabled() { return contract::environment_flag("sim_cuda", true); }
 
 void serve(const backend::Inventory& node, int device_index) {
   if (g_served.load() != 0) {

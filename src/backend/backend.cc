@@ -1,8 +1,5 @@
 #include "backend/backend.h"
 
-#include <optional>
-#include <variant>
-
 #include "backend/gpu_type.h"
 #include "backend/selection.h"
 #include "contract/front_end.h"
@@ -31,11 +28,10 @@ std::string Inventory::summary() const {
 namespace sgpu::backend {
 
 std::string backend_advice(std::string_view backend) {
-  const std::optional<contract::OptionValue> env = contract::environment_value("backend");
-  if (!env) return "pass " + contract::spell("backend", backend);
-  return "set SGPU_BACKEND=" + std::string(backend) +
-         " (SGPU_BACKEND=" + std::get<std::string>(*env) + " decides the backend here, whatever " +
-         contract::spell("backend") + " says)";
+  const std::string env = contract::environment_text("backend");
+  if (env.empty()) return "pass " + contract::spell("backend", backend);
+  return "set SGPU_BACKEND=" + std::string(backend) + " (SGPU_BACKEND=" + env +
+         " decides the backend here, whatever " + contract::spell("backend") + " says)";
 }
 
 Selection select_devices(const Inventory& inventory, int gpus, const std::string& gpu_type,

@@ -317,6 +317,16 @@ std::optional<OptionValue> environment_value(std::string_view name) {
   return row != nullptr ? variable_value(*row) : std::nullopt;
 }
 
+std::string environment_text(std::string_view name) {
+  const std::optional<OptionValue> value = environment_value(name);
+  return value ? std::get<std::string>(*value) : std::string();
+}
+
+bool environment_flag(std::string_view name, bool unset) {
+  const std::optional<OptionValue> value = environment_value(name);
+  return value ? std::get<bool>(*value) : unset;
+}
+
 Options with_environment(Options options) {
   for (const OptionRow& row : kRows) {
     switch (row.env_rule) {

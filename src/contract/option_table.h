@@ -87,6 +87,10 @@ OptionValue option_value_of_text(const OptionRow& row, const std::string& text);
 // Throws ConfigError naming the variable ("SGPU_SIM_TRANSPORT=ib is not ...") for a value
 // the row does not take. `name` must name a row.
 std::optional<OptionValue> environment_value(std::string_view name);
+// environment_value of a text row: "" where unset.
+std::string environment_text(std::string_view name);
+// environment_value of a true-or-false row: `unset` where unset.
+bool environment_flag(std::string_view name, bool unset);
 
 // `options` as the SGPU_* variables set them, each by its row's rule. Throws ConfigError
 // naming the variable for a value its row does not take.

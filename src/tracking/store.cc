@@ -2,8 +2,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
-#include <variant>
 
 #include "contract/option_table.h"
 #include "sgpu/config.h"
@@ -59,9 +57,6 @@ std::string tracking_uri_from_environment() {
   return uri != nullptr && *uri != '\0' ? uri : default_tracking_uri();
 }
 
-bool tracking_enabled_by_environment() {
-  const std::optional<contract::OptionValue> value = contract::environment_value("tracking");
-  return !value || std::get<bool>(*value);
-}
+bool tracking_enabled_by_environment() { return contract::environment_flag("tracking", true); }
 
 }  // namespace sgpu::tracking

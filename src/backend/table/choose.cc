@@ -63,7 +63,7 @@ const Backend& choose_backend(const Options& options) {
   throw AcceleratorMismatchError(
       "backend \"auto\" found no GPU on this node" + reasons + ". To run on simulated GPUs, " +
       backend_advice("sim") +
-      (contract::environment_value("backend") ? "" : " or set SGPU_BACKEND=sim"));
+      (contract::environment_text("backend").empty() ? " or set SGPU_BACKEND=sim" : ""));
 }
 
 }  // namespace sgpu::backend
