@@ -176,10 +176,15 @@ TEST(OptionTable, ARankReadsWhatItsLauncherResolvedByTheRowsName) {
   {
     const ScopedVariable unset("SGPU_SIM", nullptr);
     EXPECT_FALSE(environment_value("sim_node").has_value());
+    EXPECT_EQ(sgpu::contract::environment_text("sim_node"), "");
+    const ScopedVariable cuda_unset("SGPU_SIM_CUDA", nullptr);
+    EXPECT_TRUE(sgpu::contract::environment_flag("sim_cuda", true));
   }
   const ScopedVariable node("SGPU_SIM", "4xH100"), cuda("SGPU_SIM_CUDA", "off");
   EXPECT_EQ(std::get<std::string>(*environment_value("sim_node")), "4xH100");
   EXPECT_FALSE(std::get<bool>(*environment_value("sim_cuda")));
+  EXPECT_EQ(sgpu::contract::environment_text("sim_node"), "4xH100");
+  EXPECT_FALSE(sgpu::contract::environment_flag("sim_cuda", true));
   EXPECT_FALSE(environment_value("gpus").has_value());  // a row with no variable
   EXPECT_FALSE(environment_value("no_such_option").has_value());
 }
