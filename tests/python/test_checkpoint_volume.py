@@ -3,8 +3,10 @@ through a save resumes from the newest complete checkpoint and ends bit-identica
 never interrupted; a 4-rank checkpoint loads into 2 ranks and into one process (through
 torch's own FileSystemReader too); latest() and prune() keep to complete checkpoints."""
 
+import json
 import os
 import pathlib
+import re
 
 import pytest
 import torch
@@ -167,8 +169,11 @@ def test_a_save_leaves_no_stage_behind_and_stages_where_told(tmp_path):
 
 
 def make_checkpoint(root: pathlib.Path, name: str, when: int, whole: bool = True):
+    """A folder as a save of sgpu's leaves it: its marker, a shard and, when whole, `.metadata`."""
     folder = root / name
     folder.mkdir()
+    (folder / ".sgpu-checkpoint").write_text(
+        json.dumps({"format": 1, "save": name, "state": "complete" if whole else "writing"}))
     (folder / "__0_0.distcp").write_bytes(b"x")
     target = folder / ".metadata" if whole else folder
     if whole:
@@ -241,3 +246,123 @@ def test_async_save_works_where_the_group_has_a_cpu_backend_as_on_a_node(tmp_pat
     # "nccl" alone has no CPU backend on a node, and torch says what to do; so on sim.
     refused = call.distributed(str(tmp_path / "nccl"), "nccl")
     assert refused[0][0] == "refused" and "cpu:gloo,cuda:nccl" in refused[0][1]
+
+
+def save(path, value: float, **writer) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.full((4,), value)}, storage_writer=VolumeWriter(path, **writer))
+
+
+def load(path) -> list:
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.zeros(4)}
+    dcp.load(state, storage_reader=VolumeReader(path))
+    return state["w"].tolist()
+
+
+def what_it_raised(run) -> str:
+    """What `run()` raised, with the rank's own error DCP wraps in a CheckpointException (a
+    BaseException)."""
+    with pytest.raises(BaseException) as caught:
+        run()
+    failures = getattr(caught.value, "failures", {})
+    return " ".join([str(caught.value)] + [f"{type(e).__name__}: {e}" for e in failures.values()])
+
+
+def test_prune_removes_only_checkpoints_sgpu_wrote(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events.out").write_text("logs")
+    (tmp_path / "hf_export").mkdir()
+    (tmp_path / "hf_export" / "config.json").write_text("{}")
+    dcp.save({"w": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(tmp_path / "torch-ckpt"))
+    for step in (1, 2):
+        save(tmp_path / f"step-{step}", float(step), keep_last=2)
+    everything = ["hf_export", "step-1", "step-2", "tensorboard", "torch-ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == everything
+    save(tmp_path / "step-3", 3.0, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        set(everything) - {"step-1"} | {"step-3"})
+    assert prune(tmp_path, keep=1) == [str(tmp_path / "step-2")]
+    assert (tmp_path / "tensorboard" / "events.out").read_text() == "logs"
+    assert complete(tmp_path / "torch-ckpt")
+
+
+def test_an_overwrite_that_dies_leaves_a_folder_that_reads_as_incomplete(tmp_path):
+    path = tmp_path / "step-1"
+    save(path, 1.0)
+
+    def dies(point):
+        if point == "copied":  # the new shard is on the volume, .metadata not yet published
+            raise RuntimeError("killed mid-save")
+
+    assert "killed mid-save" in what_it_raised(
+        lambda: save(path, 2.0, overwrite=True, on_write_point=dies))
+    assert not complete(path) and latest(tmp_path) is None
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        VolumeReader(path)
+    save(path, 3.0, overwrite=True)
+    assert complete(path) and load(path) == [3.0] * 4
+
+
+def overwrite_with_rank_dying(path: str, value: float, dies: bool) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("sgpu")
+    rank = dist.get_rank()
+
+    def point(name):
+        if dies and rank == 1 and name == "staged":  # rank 0's new shard lands; 1's never
+            os._exit(17)
+
+    dcp.save({"w": torch.full((4,), value + rank)},
+             storage_writer=VolumeWriter(path, overwrite=True, on_write_point=point))
+    dist.destroy_process_group()
+
+
+def test_a_rank_dying_in_an_overwrite_never_leaves_a_mix_of_two_saves(tmp_path):
+    path = str(tmp_path / "step-1")
+    call = distributed(gpus=2, tracking=False)(overwrite_with_rank_dying)
+    call.distributed(path, 1.0, False)
+    assert complete(path)
+    with pytest.raises(sgpu.Error):
+        call.distributed(path, 10.0, True)
+    assert (pathlib.Path(path) / "__0_0.distcp").exists()  # rank 0's new shard landed
+    assert not complete(path) and latest(tmp_path) is None
+
+
+def test_a_save_that_fills_the_volume_takes_back_what_it_wrote(tmp_path, monkeypatch):
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    # Two files a save (thread_count=2): the first fits, the second does not.
+    monkeypatch.setenv("SGPU_SIM_VOLUME", f"path={volume};capacity=30KiB")
+    import torch.distributed.checkpoint as dcp
+
+    big = {"a": torch.zeros(5000), "b": torch.zeros(5000)}  # 20 KB each
+    assert "simulated volume: full" in what_it_raised(
+        lambda: dcp.save(big, storage_writer=VolumeWriter(volume / "step-1", thread_count=2)))
+    assert sorted(p.name for p in (volume / "step-1").iterdir()) == [".sgpu-checkpoint"]
+    small = {"a": torch.zeros(2000), "b": torch.zeros(2000)}
+    dcp.save(small, storage_writer=VolumeWriter(volume / "step-2", thread_count=2))
+    assert latest(volume) == str(volume / "step-2")
+    assert prune(volume, keep=1) == [str(volume / "step-1")]  # the failed save, older
+
+
+@pytest.mark.parametrize("where", ["local disk", "network volume"])
+def test_a_damaged_shard_is_refused_on_load(tmp_path, monkeypatch, where):
+    if where == "network volume":  # copied into a stage first
+        monkeypatch.setenv("SGPU_SIM_VOLUME", f"path={tmp_path}")
+    path = tmp_path / "step-1"
+    save(path, 1.5)
+    assert load(path) == [1.5] * 4
+    shard = path / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-20] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert re.search(r"RuntimeError: .*step-1: __0_0.distcp is damaged \(size \d+, CRC-32 "
+                     r"[0-9a-f]{8}; the save wrote size \d+, CRC-32 [0-9a-f]{8}\)",
+                     what_it_raised(lambda: load(path)))
