@@ -335,7 +335,7 @@ class Handle:
             data, raw[rank] = raw[rank], None
             try:
                 with memoryview(data) as view:
-                    values.append(pickle.loads(view))
+                    values.append(_result_of(view))
                 del data
             except Exception as error:
                 try:
@@ -345,6 +345,54 @@ class Handle:
                     return
         self._call.results_taken()
         self._outcome = ("ok", values)
+
+
+def _storage_here(data: bytes):
+    """A tensor's storage from a rank's result, where this process can hold it: on the GPU
+    it was on where this process sees GPUs (a node, or the simulated node), else on the CPU."""
+    import io
+
+    import torch
+
+    where = None if torch.cuda.is_available() else "cpu"
+    return torch.load(io.BytesIO(data), weights_only=False, map_location=where)
+
+
+class _ResultUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            return _storage_here
+        return super().find_class(module, name)
+
+
+class _ViewReader:
+    """A file over a buffer, for pickle.Unpickler, that copies only what is read."""
+
+    def __init__(self, view: memoryview):
+        self._view = view.cast("B")
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(self._at + size, len(self._view))
+        part, self._at = bytes(self._view[self._at:end]), end
+        return part
+
+    def readinto(self, buffer) -> int:
+        size = min(len(buffer), len(self._view) - self._at)
+        memoryview(buffer).cast("B")[:size] = self._view[self._at:self._at + size]
+        self._at += size
+        return size
+
+    def readline(self) -> bytes:
+        rest = self._view[self._at:]
+        end = bytes(rest).find(b"\n")  # protocol 0's text opcodes only
+        return self.read(len(rest) if end < 0 else end + 1)
+
+
+def _result_of(view: memoryview):
+    """A rank's result, unpickled; a tensor it returned from its GPU comes to this
+    process's (_storage_here)."""
+    return _ResultUnpickler(_ViewReader(view)).load()
 
 
 class DistributedFunction:

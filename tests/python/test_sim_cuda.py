@@ -550,3 +550,23 @@ def test_an_nccl_group_on_sim_warns_no_more_than_on_a_node(capfd):
     assert reduce.distributed() == [2.0, 2.0]
     # c10d finds the group's default backend, as a node's "nccl" group has NCCL's.
     assert "No backend of type" not in capfd.readouterr().err
+
+
+def returns_what_it_trained() -> dict:
+    torch.cuda.set_device(sgpu.get_local_rank())
+    weights = torch.full((2, 3), float(sgpu.get_global_rank()), device="cuda")
+    return {"weights": weights, "device": str(weights.device)}
+
+
+def test_tensors_a_rank_returns_from_its_gpu_reach_the_caller():
+    # The caller here sees no GPU: the tensors come to its CPU, and the call's run ends
+    # FINISHED, as the call did.
+    import mlflow
+
+    got = distributed(gpus=2)(returns_what_it_trained).distributed()
+    assert [row["device"] for row in got] == ["cuda:0", "cuda:1"]
+    for rank, row in enumerate(got):
+        assert row["weights"].device.type == "cpu"
+        assert torch.equal(row["weights"], torch.full((2, 3), float(rank)))
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert [run.info.status for run in runs] == ["FINISHED"]
