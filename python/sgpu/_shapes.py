@@ -22,6 +22,7 @@ roofline of the node's platform over both, added up per rank (`handle.compute_st
 """
 
 import contextlib
+import os
 import threading
 
 import torch
@@ -34,6 +35,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
             "cuda": torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)}
 _FUNCTIONAL = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"}
+# Factories whose result is integers when no dtype is given.
+_INTEGER_FACTORIES = {torch.ops.aten.randint, torch.ops.aten.randperm}
 _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
            torch.ops.aten.arange.start_step, torch.ops.aten.range.default}
 # Operators that run no kernel over their tensors' memory: allocations, and aliases that
@@ -47,19 +50,25 @@ _CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten._convolution,
                  torch.ops.aten.cudnn_convolution, torch.ops.aten.convolution_backward}
 
 
-def _runs_for_real(func, args, kwargs) -> bool:
+def _runs_for_real(func, args, kwargs, inside_fake: bool) -> bool:
     """Bookkeeping stays real: an operator on real tensors only (a device mesh's rank map,
     token ids, a batch the loader read, what DDP compares of its parameters' shapes), and
-    a factory of integers (arange over ints, an integer dtype). A floating factory (the
-    weights of a module, activations) is fake, so a model of any size runs without its
-    bytes."""
+    a factory of integers (arange over ints, randint, randperm, an integer dtype). A
+    floating factory (the weights of a module, activations) is fake, so a model of any size
+    runs without its bytes. `inside_fake`: the operator is part of a fake operator's own
+    implementation (a decomposition's empty tensor for `.long()` of a fake tensor), whose
+    result depends on fake data: it stays fake, whatever its dtype."""
     leaves = pytree.tree_leaves((args, kwargs))
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     if tensors:
         return not any(isinstance(t, FakeTensor) for t in tensors)
+    if inside_fake:
+        return False
     dtype = kwargs.get("dtype")
     if dtype is not None:
         return not (dtype.is_floating_point or dtype.is_complex)
+    if func._overloadpacket in _INTEGER_FACTORIES:
+        return True
     return func in _RANGES and all(isinstance(a, (int, bool)) for a in args)
 
 
@@ -181,10 +190,10 @@ class _ShapesMode(FakeTensorMode):
                 "_functional_collectives, a DTensor's redistribution), which shape-only "
                 "compute does not run yet; run this step computing values "
                 '(sim_compute="values")')
-        if _runs_for_real(func, args, kwargs):
+        depth = getattr(self._dispatching, "depth", 0)
+        if _runs_for_real(func, args, kwargs, inside_fake=depth > 0):
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        depth = getattr(self._dispatching, "depth", 0)
         self._dispatching.depth = depth + 1
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -271,6 +280,102 @@ def _resizes_counted(mode: _ShapesMode):
         torch.UntypedStorage.resize_ = resize
 
 
+def _fake_leaf(value) -> FakeTensor | None:
+    """A fake tensor among `value`'s containers (dicts, lists, tuples), a module's
+    parameters and buffers, or an optimizer's state, or None."""
+    if isinstance(value, torch.nn.Module):
+        value = value.state_dict()
+    elif isinstance(value, torch.optim.Optimizer):
+        value = value.state_dict()
+    for leaf in pytree.tree_leaves(value):
+        if isinstance(leaf, FakeTensor):
+            return leaf
+        if isinstance(leaf, (torch.nn.Module, torch.optim.Optimizer)):
+            found = _fake_leaf(leaf)
+            if found is not None:
+                return found
+    return None
+
+
+@contextlib.contextmanager
+def _saves_refused():
+    """torch.save opens its file before it pickles, so fake data would truncate the file it
+    was given and fail half-way: a save of fake tensors is refused before the file is
+    touched, and any other save is made whole in memory first, so that it never leaves a
+    file half-written."""
+    import io
+
+    from sgpu.errors import NotSimulatedError
+
+    save = torch.save
+
+    def refused(obj, f, *args, **kwargs):
+        fake = _fake_leaf(obj)
+        if fake is not None:
+            raise NotSimulatedError(
+                f"sgpu: torch.save({f!r}) in shape-only compute: what it saves holds fake "
+                f"tensors (one of shape {tuple(fake.shape)}, {fake.dtype} on {fake.device}), "
+                "which have shapes and no values; nothing was written. Save only in a run "
+                'that computes values (sim_compute="values"), or skip the save in a dry run')
+        if not isinstance(f, (str, os.PathLike)):
+            return save(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        save(obj, buffer, *args, **kwargs)
+        with open(f, "wb") as file:
+            file.write(buffer.getbuffer())
+        return None
+
+    torch.save = refused
+    try:
+        yield
+    finally:
+        torch.save = save
+
+
+def _device_for(location: str, map_location) -> str:
+    """Where torch.load puts a storage saved at `location`, for the map_location forms that
+    name a device (a device, its text, a dict of locations); elsewhere, where it was saved."""
+    if isinstance(map_location, (str, torch.device)):
+        return str(map_location)
+    if isinstance(map_location, dict):
+        return map_location.get(location, location)
+    return location
+
+
+@contextlib.contextmanager
+def _loads_integers():
+    """torch.load under a fake mode gives every tensor a storage with no data, and an
+    integer one (token ids, a step count) comes out neither fake nor readable: those are
+    read for real, as bookkeeping is (floating ones stay fake: a model's weights cost no
+    memory here). The file is read twice; the second time mmap'd where it can be."""
+    load = torch.load
+
+    def with_integers(f, map_location=None, *args, **kwargs):
+        start = f.tell() if hasattr(f, "tell") else None
+        loaded = load(f, map_location, *args, **kwargs)
+        leaves, spec = pytree.tree_flatten(loaded)
+        empty = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
+                 and not isinstance(leaf, FakeTensor) and leaf.device.type == "meta"]
+        if not empty:
+            return loaded
+        if start is not None:
+            f.seek(start)
+        with _disable_current_modes():
+            mmap = isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs
+            real = pytree.tree_leaves(load(f, "cpu", *args, **kwargs, **({"mmap": True} if mmap
+                                                                             else {})))
+            for i in empty:
+                location = getattr(leaves[i].untyped_storage(), "_fake_device", "cpu")
+                leaves[i] = real[i].to(_device_for(str(location), map_location))
+        return pytree.tree_unflatten(leaves, spec)
+
+    torch.load = with_integers
+    try:
+        yield
+    finally:
+        torch.load = load
+
+
 _program = contextlib.ExitStack()
 
 
@@ -294,5 +399,6 @@ def shapes_only():
     the fake storages on cuda devices are their devices' memory. Tensors made before (the
     function's arguments) may be used as they are."""
     mode = _ShapesMode()
-    with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), mode:
+    with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), _saves_refused(), \
+            _loads_integers(), mode:
         yield

@@ -204,6 +204,64 @@ def test_bookkeeping_stays_real_in_shapes():
     assert counts.distributed() == [([0, 1], [10, 11], "FakeTensor")] * 2
 
 
+def values_of_fake_data(ids_file: str) -> list:
+    """What a rank reads of integers made from fake data (each must refuse), and of integers
+    that are bookkeeping (each must hold its values)."""
+    torch.cuda.set_device(sgpu.get_local_rank())
+    logits = torch.randn(4, 5, device="cuda")
+    seen = []
+    for name, read in [("count", lambda: (logits > 0).long().sum().item()),
+                       ("row", lambda: logits[0].int().tolist()),
+                       ("to", lambda: logits.to(torch.int64).tolist())]:
+        try:
+            seen.append((name, read()))
+        except Exception as error:  # noqa: BLE001 - what the user sees
+            seen.append((name, type(error).__name__))
+    seen.append(("types", [type(t).__name__ for t in ((logits > 0).long(), logits.int())]))
+    torch.manual_seed(3)
+    drawn = torch.randint(0, 1000, (5,))
+    torch.manual_seed(3)
+    seen.append(("randint", drawn.tolist() == torch.randint(0, 1000, (5,)).tolist(),
+                 type(drawn).__name__, sorted(torch.randperm(4).tolist())))
+    loaded = torch.load(ids_file)
+    seen.append(("load", loaded["ids"].tolist(), type(loaded["weights"]).__name__))
+    return seen
+
+
+def test_values_that_depend_on_fake_data_stay_fake_and_bookkeeping_stays_real(tmp_path):
+    ids = tmp_path / "ids.pt"
+    torch.save({"ids": torch.arange(5) * 7, "weights": torch.ones(3)}, ids)
+    refused = "DataDependentOutputException"
+    got = distributed(gpus=1, tracking=False, sim_compute="shapes")(values_of_fake_data) \
+        .distributed(str(ids))[0]
+    assert got == [("count", refused), ("row", refused), ("to", refused),
+                   ("types", ["FakeTensor", "FakeTensor"]),
+                   ("randint", True, "Tensor", [0, 1, 2, 3]),
+                   ("load", [0, 7, 14, 21, 28], "FakeTensor")]
+
+
+def saves_a_model(path: str) -> str:
+    torch.cuda.set_device(sgpu.get_local_rank())
+    model = torch.nn.Linear(8, 8).cuda()
+    try:
+        torch.save(model.state_dict(), path)
+    except Exception as error:  # noqa: BLE001 - what the user sees
+        return f"{type(error).__name__}: {error}"
+    return "saved"
+
+
+def test_a_save_of_fake_tensors_is_refused_and_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "model.pt"
+    torch.save(torch.nn.Linear(8, 8).state_dict(), path)
+    before = path.read_bytes()
+    got = distributed(gpus=1, tracking=False, sim_compute="shapes")(saves_a_model) \
+        .distributed(str(path))[0]
+    assert got.startswith("NotSimulatedError: ") and "fake tensors" in got, got
+    assert "nothing was written" in got
+    assert path.read_bytes() == before
+    assert set(torch.load(path)) == {"weight", "bias"}
+
+
 def matmuls(tf32: bool) -> tuple:
     """One bfloat16 and one float32 matmul on the rank's GPU, each timed alone."""
     torch.cuda.set_device(sgpu.get_local_rank())
