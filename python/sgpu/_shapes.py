@@ -22,6 +22,7 @@ roofline of the node's platform over both, added up per rank (`handle.compute_st
 """
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -282,12 +283,13 @@ def _resizes_counted(mode: _ShapesMode):
 
 def _fake_leaf(value) -> FakeTensor | None:
     """A fake tensor among `value`'s containers (dicts, lists, tuples), a module's
-    parameters and buffers, or an optimizer's state, or None."""
+    parameters and buffers, or an optimizer's state, or a DTensor's local shard, or None."""
     if isinstance(value, torch.nn.Module):
         value = value.state_dict()
     elif isinstance(value, torch.optim.Optimizer):
         value = value.state_dict()
     for leaf in pytree.tree_leaves(value):
+        leaf = getattr(leaf, "_local_tensor", leaf)  # a DTensor's shard
         if isinstance(leaf, FakeTensor):
             return leaf
         if isinstance(leaf, (torch.nn.Module, torch.optim.Optimizer)):
@@ -330,6 +332,57 @@ def _saves_refused():
         yield
     finally:
         torch.save = save
+
+
+@contextlib.contextmanager
+def _objects_as_bookkeeping():
+    """Object collectives (all_gather_object, broadcast_object_list: a loader's file lists,
+    DCP's plans) are bookkeeping: their objects become byte tensors and back for real, and
+    those tensors' collectives move their bytes."""
+    from torch.distributed import distributed_c10d as c10d
+
+    to_tensor, to_object = c10d._object_to_tensor, c10d._tensor_to_object
+
+    def object_to_tensor(*args, **kwargs):
+        with _disable_current_modes():
+            return to_tensor(*args, **kwargs)
+
+    def tensor_to_object(*args, **kwargs):
+        with _disable_current_modes():
+            return to_object(*args, **kwargs)
+
+    c10d._object_to_tensor, c10d._tensor_to_object = object_to_tensor, tensor_to_object
+    try:
+        yield
+    finally:
+        c10d._object_to_tensor, c10d._tensor_to_object = to_tensor, to_object
+
+
+# Shape-only modes entered in this process, and not left: DCP's saves refuse while one is.
+_entered = 0
+
+
+def _refuse_checkpoints(dcp) -> None:
+    """dcp.save and dcp.async_save of fake tensors are refused, naming what was fake, before
+    a folder is made or a byte written: a dry run leaves no checkpoint that is not one."""
+    from sgpu.errors import NotSimulatedError
+
+    def refusing(save, name):
+        def refused(state_dict=None, *args, **kwargs):
+            fake = _fake_leaf(state_dict) if _entered else None
+            if fake is not None:
+                raise NotSimulatedError(
+                    f"sgpu: torch.distributed.checkpoint.{name} in shape-only compute: the "
+                    f"state holds fake tensors (one of shape {tuple(fake.shape)}, {fake.dtype} "
+                    f"on {fake.device}), which have shapes and no values; nothing was written. "
+                    'Save checkpoints in a run that computes values (sim_compute="values"), or '
+                    "skip the save in a dry run")
+            return save(state_dict, *args, **kwargs)
+
+        return functools.wraps(save)(refused)
+
+    for name in ("save", "async_save"):
+        setattr(dcp, name, refusing(getattr(dcp, name), name))
 
 
 def _device_for(location: str, map_location) -> str:
@@ -377,6 +430,7 @@ def _loads_integers():
 
 
 _program = contextlib.ExitStack()
+_checkpoints_watched: list = []  # after_import registered once a process
 
 
 def enter_for_program() -> None:
@@ -398,7 +452,17 @@ def shapes_only():
     """Tensors made inside are fake (shapes, no data); collectives reach sgpu's groups;
     the fake storages on cuda devices are their devices' memory. Tensors made before (the
     function's arguments) may be used as they are."""
+    global _entered
+    from sgpu import _runtime
+
+    if not _checkpoints_watched:
+        _checkpoints_watched.append(True)
+        _runtime.after_import("torch.distributed.checkpoint", _refuse_checkpoints)
     mode = _ShapesMode()
-    with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), _saves_refused(), \
-            _loads_integers(), mode:
-        yield
+    _entered += 1
+    try:
+        with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), _saves_refused(), \
+                _loads_integers(), _objects_as_bookkeeping(), mode:
+            yield
+    finally:
+        _entered -= 1

@@ -435,3 +435,35 @@ def test_the_estimate_lands_in_the_calls_run_one_point_per_rank():
     steps = client.get_metric_history(run.info.run_id, "sgpu.predicted_seconds")
     assert [m.value for m in sorted(steps, key=lambda m: m.step)] == \
         [pytest.approx(rank["predicted_seconds"], rel=1e-9) for rank in stats]
+
+
+def bookkeeping_collectives(root: str) -> list:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    gathered = [None, None]
+    dist.all_gather_object(gathered, {"rank": rank, "files": [f"f{rank}"]})
+    sent = [{"from": 0}] if rank == 0 else [None]
+    dist.broadcast_object_list(sent, src=0)
+    model = torch.nn.Linear(4, 4).cuda()
+    try:
+        dcp.save(model.state_dict(), checkpoint_id=root)
+        saved = "saved"
+    except Exception as error:  # noqa: BLE001 - what the user sees
+        saved = f"{type(error).__name__}: {error}"
+    dist.destroy_process_group()
+    return [gathered, sent, saved]
+
+
+def test_bookkeeping_collectives_move_their_data_and_a_checkpoint_is_refused_in_shapes(tmp_path):
+    root = tmp_path / "step-1"
+    got = distributed(gpus=2, tracking=False, sim_compute="shapes")(
+        bookkeeping_collectives).distributed(str(root))
+    for gathered, sent, saved in got:
+        assert gathered == [{"rank": 0, "files": ["f0"]}, {"rank": 1, "files": ["f1"]}]
+        assert sent == [{"from": 0}]
+        assert saved.startswith("NotSimulatedError: ") and "nothing was written" in saved, saved
+    assert not root.exists()
