@@ -50,14 +50,45 @@ if _wanted():
 # NOTE [Stand-in imports]: Databricks' `serverless_gpu` and `databricks.air`, for a notebook
 # written for them, from sgpu's stand-ins (sgpu/stand_in/) when no installed package has the
 # name: this finder is last on sys.meta_path, after the one that finds installed packages,
-# and answers only for these names. SGPU_SERVERLESS_GPU=off leaves them unfound.
+# and answers only for these names and their submodules (one the stand-in lacks raises
+# NotOfferedError where it is imported). SGPU_SERVERLESS_GPU off (off, 0, false or no, as
+# sgpu's other on/off variables take) leaves them unfound; a value that is neither on nor off
+# is said on stderr, once, where a stand-in is looked for, and leaves them unfound too: a
+# hook that every interpreter runs at its start must not stop them all.
+
+# The words sgpu's option table takes for on and off (src/contract/option_table.cc).
+_ON = ("on", "1", "true", "yes", "ON", "True")
+_OFF = ("off", "0", "false", "no", "OFF", "False")
+
+
+def _serverless_gpu_setting() -> str:
+    """SGPU_SERVERLESS_GPU's text, "on" when unset or empty (as the option table reads it)."""
+    return os.environ.get("SGPU_SERVERLESS_GPU") or "on"
+
+
 class _StandIns:
     _NAMES = {"serverless_gpu": "serverless_gpu", "databricks.air": "databricks_air"}
+    _refused: set = set()  # the values said on stderr: each once a process
 
     @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        folder = cls._NAMES.get(fullname)
-        if folder is None or os.environ.get("SGPU_SERVERLESS_GPU", "on") == "off":
+    def _on(cls) -> bool:
+        text = _serverless_gpu_setting()
+        if text in _ON:
+            return True
+        if text not in _OFF and text not in cls._refused:
+            cls._refused.add(text)
+            import sys
+
+            print(f"sgpu: SGPU_SERVERLESS_GPU={text} is neither on nor off: \"off\" (or 0, false, "
+                  "no) or \"on\" (or 1, true, yes); the stand-ins for serverless_gpu and "
+                  "databricks.air stay off", file=sys.stderr, flush=True)
+        return False
+
+    @staticmethod
+    def _folder(name: str):
+        """The stand-in package's folder for the import name `name`, or None."""
+        folder = _StandIns._NAMES.get(name)
+        if folder is None:
             return None
         import importlib.util
 
@@ -67,13 +98,33 @@ class _StandIns:
         for root in found.submodule_search_locations:
             package = os.path.join(root, "stand_in", folder)
             if os.path.isfile(os.path.join(package, "__init__.py")):
-                return importlib.util.spec_from_file_location(
-                    fullname, os.path.join(package, "__init__.py"),
-                    submodule_search_locations=[package])
+                return package
         return None
 
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname in cls._NAMES:
+            package = cls._folder(fullname) if cls._on() else None
+            if package is None:
+                return None
+            import importlib.util
 
-if os.environ.get("SGPU_SERVERLESS_GPU", "on") != "off":
+            return importlib.util.spec_from_file_location(
+                fullname, os.path.join(package, "__init__.py"),
+                submodule_search_locations=[package])
+        # A submodule of a stand-in that its folder lacks (every finder before this one
+        # looked there): not offered, as a name the stand-in lacks is. An installed
+        # package's missing submodule stays the ModuleNotFoundError it is.
+        parent, _, name = fullname.rpartition(".")
+        package = cls._folder(parent)
+        if package is None or path is None or list(path) != [package]:
+            return None
+        from sgpu.stand_in import not_offered
+
+        raise not_offered(parent, name)
+
+
+if _serverless_gpu_setting() not in _OFF:
     import sys
 
     sys.meta_path.append(_StandIns)

@@ -3,6 +3,7 @@ the example notebooks cell by cell in a fresh kernel (nbclient, as `jupyter exec
 them), and `serverless_gpu`/`databricks.air` from sgpu's stand-ins only where no real
 package of that name is installed (NOTE [Stand-in imports])."""
 
+import importlib
 import os
 import pathlib
 import subprocess
@@ -61,6 +62,48 @@ def test_the_stand_ins_are_found_and_can_be_turned_off():
     assert "sgpu/stand_in/serverless_gpu/__init__.py True" in found.stdout
     off = python("import serverless_gpu", SGPU_SERVERLESS_GPU="off")
     assert "ModuleNotFoundError: No module named 'serverless_gpu'" in off.stderr
+
+
+def test_the_stand_ins_take_on_and_off_as_sgpus_other_variables_do():
+    on = ["on", "1", "true", "yes", "ON", "True", ""]  # empty: unset, as the option table reads it
+    off = ["off", "0", "false", "no", "OFF", "False"]
+    found = python(f"""
+        import importlib.util, os
+        for value in {on + off!r}:
+            os.environ["SGPU_SERVERLESS_GPU"] = value
+            print(importlib.util.find_spec("serverless_gpu") is not None)
+        """)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == ["True"] * len(on) + ["False"] * len(off)
+    at_start = python("import serverless_gpu", SGPU_SERVERLESS_GPU="0")
+    assert "ModuleNotFoundError: No module named 'serverless_gpu'" in at_start.stderr
+    # Any other value is refused where a stand-in is imported; an interpreter that imports
+    # none runs as ever.
+    plain = python("print('ran')", SGPU_SERVERLESS_GPU="maybe")
+    assert (plain.returncode, plain.stdout, plain.stderr) == (0, "ran\n", "")
+    refused = python("import serverless_gpu", SGPU_SERVERLESS_GPU="maybe")
+    assert ('sgpu: SGPU_SERVERLESS_GPU=maybe is neither on nor off: "off" (or 0, false, no) or '
+            '"on" (or 1, true, yes); the stand-ins for serverless_gpu and databricks.air stay '
+            'off\n') in refused.stderr
+    assert "ModuleNotFoundError: No module named 'serverless_gpu'" in refused.stderr
+
+
+def test_a_module_the_stand_in_does_not_offer_raises_not_offered_where_imported(tmp_path):
+    from sgpu.stand_in import NotOfferedError
+
+    with pytest.raises(NotOfferedError, match=r"^serverless_gpu\.ray_launch is part of Databricks' "
+                                               r"serverless GPU API that sgpu's stand-in for "
+                                               r"serverless_gpu does not offer"):
+        import serverless_gpu.ray_launch  # noqa: F401
+    with pytest.raises(NotOfferedError, match=r"^databricks\.air\.jobs is part of Databricks"):
+        importlib.import_module("databricks.air.jobs")
+    # An installed package's missing module is its own affair.
+    real = tmp_path / "site" / "serverless_gpu"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("")
+    done = python("import serverless_gpu.ray_launch",
+                  PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert "ModuleNotFoundError: No module named 'serverless_gpu.ray_launch'" in done.stderr
 
 
 def test_the_stand_ins_check_what_databricks_checks():

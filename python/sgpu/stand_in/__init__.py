@@ -5,7 +5,12 @@ written for it runs unchanged on sgpu (simulated GPUs in CI, or a node's own GPU
 
 They are found by a finder that the interpreter's startup hook (_sgpu_startup.py) puts
 last on sys.meta_path: only when no installed package has the name, so a real
-`serverless_gpu` always wins. SGPU_SERVERLESS_GPU=off turns them off.
+`serverless_gpu` always wins. A name or module of theirs that sgpu does not offer
+(`serverless_gpu.ray_launch`) raises NotOfferedError where it is used or imported.
+SGPU_SERVERLESS_GPU takes on or off as sgpu's other on/off variables do ("off", 0, false
+or no turns them off; "on", 1, true or yes, the default, keeps them); any other value is
+said on stderr where a stand-in is imported, and leaves them off, since the hook runs in
+every interpreter and must not stop one that never imports them.
 """
 
 import sgpu
