@@ -10,7 +10,8 @@ nothing of sgpu or torch: a suite that never uses sgpu is not touched.
 
 A test that fails because an sgpu call failed gets an "sgpu call" section in its report: the
 call's failure table (the root cause marked), the hang verdict when there is one, and the
-run folder.
+run folder. Where --sgpu-backend chose the backend, the advice in a failed call's message
+names the flag ("pass --sgpu-backend sim"), not the variable it sets.
 """
 
 from __future__ import annotations
@@ -70,8 +71,28 @@ def _sgpu_error(error: BaseException | None):
     return None
 
 
+def _advise_the_flag(error: BaseException | None, backend: str | None) -> None:
+    """sgpu's advice to set SGPU_BACKEND, where the session's --sgpu-backend is what set it,
+    rewritten to name the flag the user gave (sgpu sees only the variable the flag sets):
+    "pass --sgpu-backend sim", not "set SGPU_BACKEND=sim"."""
+    import re
+
+    error = _sgpu_error(error)
+    if error is None or not backend or os.environ.get("SGPU_BACKEND") != backend:
+        return
+    if len(error.args) != 1 or not isinstance(error.args[0], str):
+        return
+    advice = re.compile(r"set SGPU_BACKEND=(\w+) \(SGPU_BACKEND=" + re.escape(backend) +
+                        r" decides the backend here, whatever ([^)]*) says\)")
+    flag = (rf"pass --sgpu-backend \1 (this session's --sgpu-backend {backend}, which sets "
+            r"SGPU_BACKEND, decides the backend here, whatever \2 says)")
+    error.args = (advice.sub(flag, error.args[0]),)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None:
+        _advise_the_flag(call.excinfo.value, item.config.getoption("sgpu_backend"))
     outcome = yield
     report = outcome.get_result()
     if call.excinfo is None or report.passed:

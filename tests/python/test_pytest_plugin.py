@@ -79,3 +79,33 @@ def test_the_plugin_is_inert_in_a_suite_that_does_not_use_sgpu(tmp_path):
         """)
     assert done.returncode == 1 and "1 failed, 1 passed" in done.stdout
     assert "sgpu" not in done.stdout
+
+
+def test_where_the_flag_chose_the_backend_the_advice_names_the_flag(tmp_path):
+    suite = """
+        import sgpu
+
+        def zero():
+            return 0
+
+        def test_training():
+            sgpu.distributed(gpus=2, tracking=False)(zero).distributed()
+
+        def test_the_variable_set_by_the_test(monkeypatch):
+            monkeypatch.setenv("SGPU_BACKEND", "cuda")
+            sgpu.distributed(gpus=2, tracking=False)(zero).distributed()
+        """
+    # No GPU here: neither cuda nor auto finds one, and the advice is to simulate them.
+    done = run_suite(tmp_path, suite, "--sgpu-backend", "cuda", "-k", "training")
+    assert done.returncode == 1 and "1 failed" in done.stdout
+    assert ("Run on a GPU node, or pass --sgpu-backend sim (this session's --sgpu-backend "
+            "cuda, which sets SGPU_BACKEND, decides the backend here, whatever backend says) "
+            "to simulate one") in done.stdout
+    assert "SGPU_BACKEND=sim" not in done.stdout
+    done = run_suite(tmp_path, suite, "--sgpu-backend", "auto")
+    assert done.returncode == 1 and "2 failed" in done.stdout
+    assert ("To run on simulated GPUs, pass --sgpu-backend sim (this session's --sgpu-backend "
+            "auto, which sets SGPU_BACKEND") in done.stdout
+    assert "set SGPU_BACKEND=sim (SGPU_BACKEND=auto" not in done.stdout
+    # Where the test itself set the variable, the advice names the variable, as sgpu says it.
+    assert "set SGPU_BACKEND=sim (SGPU_BACKEND=cuda decides the backend here" in done.stdout
