@@ -63,6 +63,31 @@ def test_cuda_tensors_count_host_tensors_do_not_and_torch_cuda_says_the_same():
         assert peak == current  # reset: the peak starts again from now
 
 
+def test_torch_cudas_figures_of_another_device_are_that_devices():
+    @distributed(gpus=1, sim_node="2xH100", tracking=False)
+    def figures():
+        cuda = torch.cuda
+        cuda.set_device(0)
+        before = cuda.memory_allocated(1), cuda.memory_allocated(0)
+        block = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda:1")
+        out = {
+            "current": cuda.current_device(),
+            "allocated": cuda.memory_allocated(1) - before[0],
+            "reserved": cuda.memory_reserved(1),
+            "peak": cuda.max_memory_allocated(1),
+            "stats": cuda.memory_stats(1)["allocated_bytes.all.current"] - before[0],
+            "on_the_current": cuda.memory_allocated(0) - before[1],
+        }
+        del block
+        return out
+
+    out = figures.distributed()[0]
+    assert out["current"] == 0
+    assert out["allocated"] == out["stats"] == 64 * MiB
+    assert out["reserved"] >= 64 * MiB and out["peak"] >= 64 * MiB
+    assert out["on_the_current"] == 0
+
+
 def test_with_sim_cuda_off_cpu_tensors_count_and_host_memory_does_not():
     @distributed(gpus=2, tracking=False, sim_cuda=False)
     def figures():

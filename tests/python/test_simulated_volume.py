@@ -65,6 +65,25 @@ def test_files_and_checkpoints_appear_after_the_volumes_list_lag(monkeypatch, tm
     assert len(VolumeDataset(data)) == 1 and latest(tmp_path / "ckpt") == str(tmp_path / "ckpt" / "step-1")
 
 
+def test_a_copy_to_the_volume_takes_at_least_its_size_over_the_bandwidth(monkeypatch, tmp_path):
+    source = tmp_path / "local.bin"
+    source.write_bytes(os.urandom(2 * 10**6))  # 2 MB
+    volume = tmp_path / "volume"
+    volume.mkdir()
+
+    def seconds_to_copy(name: str) -> float:
+        start = time.perf_counter()
+        _volume.copy(str(source), str(volume / name), to_volume=True)
+        return time.perf_counter() - start
+
+    monkeypatch.setenv("SGPU_SIM_VOLUME", f"path={volume};bandwidth=10MB/s")
+    assert seconds_to_copy("slow.bin") >= 0.19  # 2 MB at 10 MB/s: 0.2 s
+    assert (volume / "slow.bin").read_bytes() == source.read_bytes()
+    monkeypatch.setenv("SGPU_SIM_VOLUME", f"path={volume}")  # the same volume, no bandwidth
+    # The copy itself is quick: the fastest of three, past a stall of the disk's.
+    assert min(seconds_to_copy(f"fast-{i}.bin") for i in range(3)) < 0.1
+
+
 def test_settings_are_checked_and_refused_on_cuda(monkeypatch, tmp_path):
     for text, said in [("speed=1", "unknown setting 'speed'"), ("latency=fast", "latency='fast'"),
                        ("fail_rate=1", "fail_rate='1'"), ("capacity=1MB", "capacity needs path=")]:
