@@ -25,6 +25,11 @@ from sgpu import errors
 
 _served = False
 _fractions: dict = {}
+# torch's range of stream priorities on a GPU, (least, greatest) as
+# torch.cuda.Stream.priority_range() gives it: CUDA's own is (0, -5) on every GPU sgpu
+# simulates, which torch narrows to the levels of its stream pools (0 to -3).
+_PRIORITY_RANGE = (0, -3)
+_priorities: dict = {}  # a simulated stream's (device, id) -> its priority, where it is not 0
 
 
 def served() -> bool:
@@ -146,14 +151,29 @@ def _patch_device_calls(torch, native, count: int) -> None:
 def _patch_streams(torch, native) -> None:
     class Stream(torch.Stream):
         """torch.cuda.Stream on a simulated GPU: work is done when it is issued, so a stream
-        orders nothing and every wait returns at once."""
+        orders nothing and every wait returns at once. Its priority is kept, as a GPU's
+        stream pools keep it (in the range), though here it orders nothing either."""
 
         def __new__(cls, device=None, priority=0, **kwargs):
             if kwargs.get("stream_id") is not None:
                 return super().__new__(cls, **kwargs)
             with torch.cuda.device(device):
                 index = torch.cuda.current_device()
-            return super().__new__(cls, device=torch.device("cuda", index), priority=priority)
+            stream = super().__new__(cls, device=torch.device("cuda", index), priority=priority)
+            # A priority out of the range is the nearest in it, as torch's stream pools give.
+            least, greatest = _PRIORITY_RANGE
+            clamped = min(max(priority, greatest), least)
+            if clamped:
+                _priorities[(index, stream.stream_id)] = clamped
+            return stream
+
+        @property
+        def priority(self) -> int:
+            return _priorities.get((self.device_index, self.stream_id), 0)
+
+        @staticmethod
+        def priority_range() -> tuple:
+            return _PRIORITY_RANGE
 
         def wait_event(self, event) -> None:
             event.wait(self)

@@ -66,6 +66,33 @@ def test_torch_cuda_answers_as_the_simulated_node():
         assert out["stream"]
 
 
+def test_a_streams_priority_is_kept_within_the_range_a_gpu_gives():
+    @distributed(gpus=1, sim_node="2xH100", tracking=False)
+    def priorities():
+        cuda = torch.cuda
+        high = cuda.Stream(priority=-1)
+        with cuda.stream(high):
+            current = cuda.current_stream().priority
+        return {
+            "range": cuda.Stream.priority_range(),
+            "range_of_a_stream": high.priority_range(),
+            "high": high.priority,
+            "current": current,  # the current stream, as torch.cuda makes it anew
+            "plain": cuda.Stream().priority,
+            "default": cuda.default_stream().priority,
+            "on_device_1": cuda.Stream(device=1, priority=-2).priority,
+            "past_the_highest": cuda.Stream(priority=-10).priority,
+            "past_the_lowest": cuda.Stream(priority=5).priority,
+        }
+
+    out = priorities.distributed()[0]
+    least, greatest = out["range"]
+    assert (least, greatest) == (0, -3) == out["range_of_a_stream"]
+    assert out["high"] == out["current"] == -1
+    assert out["plain"] == out["default"] == 0 and out["on_device_1"] == -2
+    assert out["past_the_highest"] == greatest and out["past_the_lowest"] == least
+
+
 def test_tensors_live_on_cuda_and_compute_as_the_cpu_does(tmp_path):
     @distributed(gpus=2, tracking=False)
     def compute(folder):
