@@ -256,7 +256,7 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
   if (rank_computes_shapes()) group = c10::make_intrusive<MovingNoBytes>(std::move(group));
   if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
     group = cuda::for_cuda_tensors(std::move(group), request.store,
-                                   rank_transport() == Transport::kGloo);
+                                   rank_transport() == Transport::kGloo, request.as_nccl);
   }
   if (request.record) group = request.record(std::move(group));
   if (rank_faults().faults.empty()) return group;

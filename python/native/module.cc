@@ -385,9 +385,11 @@ py::object read_error(const std::string& rank_dir) {
 // the call makes for C++ ranks too (Gloo with the fault plan on sim, NCCL on cuda), over
 // the store torch rendezvoused with.
 // `global_ranks`: the group's members by group rank; empty for the default group.
+// `as_nccl`: the group is torch's "nccl" one, which the simulated backend serves.
 c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                      int rank, int size, double timeout_seconds,
-                                                     const std::vector<int>& global_ranks) {
+                                                     const std::vector<int>& global_ranks,
+                                                     bool as_nccl) {
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.backend.empty()) {
     // A RuntimeError, as torch's own backends raise. Outside a launch there is no fault
@@ -403,6 +405,7 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   request.size = size;
   request.timeout = duration_of_seconds(timeout_seconds);
   request.members = global_ranks;
+  request.as_nccl = as_nccl;
   py::gil_scoped_release release;
   return launcher::make_rank_group(std::move(request));
 }
@@ -577,7 +580,8 @@ void bind_rank_side(py::module_& m) {
   m.def("write_error", &write_error, py::arg("type"), py::arg("message"), py::arg("traceback"),
         py::arg("exception") = py::none());
   m.def("make_process_group", &make_process_group, py::arg("store"), py::arg("rank"),
-        py::arg("size"), py::arg("timeout_seconds"), py::arg("global_ranks") = std::vector<int>());
+        py::arg("size"), py::arg("timeout_seconds"), py::arg("global_ranks") = std::vector<int>(),
+        py::arg("as_nccl") = false);
 }
 
 // Tracking from inside a rank: into the call's run.

@@ -10,6 +10,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import threading
 from datetime import timedelta
 
 BACKEND_NAME = "sgpu"
@@ -178,6 +179,11 @@ class host_memory:
         return False
 
 
+# Set while torch makes a group that a program asked for as "nccl" (sgpu._sim_cuda): the
+# simulated backend then holds it to NCCL's rules.
+making_nccl = threading.local()
+
+
 def _create_process_group(options, _backend_options=None):
     from sgpu import _native
 
@@ -189,6 +195,7 @@ def _create_process_group(options, _backend_options=None):
         options.group_size,
         seconds,
         list(options.global_ranks_in_group or []),
+        as_nccl=getattr(making_nccl, "on", False),
     )
 
 

@@ -360,7 +360,11 @@ def _patch_distributed() -> None:
             return original(*args, **kwargs)
         bound.arguments["backend"] = c10d.Backend(translated)
         bound.arguments["backend_options"] = None  # NCCL's options mean nothing here
-        pg, prefix_store = original(*bound.args, **bound.kwargs)
+        _runtime.making_nccl.on = True  # the simulated backend holds it to NCCL's rules
+        try:
+            pg, prefix_store = original(*bound.args, **bound.kwargs)
+        finally:
+            _runtime.making_nccl.on = False
         if "," not in str(backend or "") and ":" not in str(backend or ""):
             # One backend named (or none, NCCL's on a node): the group's default is the
             # simulated one, as NCCL is the default of a node's "nccl" group, so that c10d
@@ -410,16 +414,92 @@ def _patch_not_simulated(torch) -> None:
                  "device_memory_used", "list_gpu_processes"):
         if hasattr(torch.cuda, name):
             setattr(torch.cuda, name, _raiser(f"torch.cuda.{name}", "asks NVML about the GPU"))
-    import torch.cuda.comm as comm
+    torch.cuda.caching_allocator_alloc = _raiser(
+        "torch.cuda.caching_allocator_alloc", "hands out a raw pointer into GPU memory")
+    torch.cuda.caching_allocator_delete = _raiser(
+        "torch.cuda.caching_allocator_delete", "frees a raw pointer into GPU memory")
+    import torch.cuda.jiterator as jiterator
 
-    for name in ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced",
-                 "scatter", "gather"):
-        setattr(comm, name, _raiser(f"torch.cuda.comm.{name}",
-                                    "moves tensors between GPUs of one process with NCCL"))
+    for name in ("_create_jit_fn", "_create_multi_output_jit_fn"):
+        setattr(jiterator, name, _raiser(f"torch.cuda.jiterator.{name}",
+                                         "compiles a CUDA kernel from its source"))
     torch.UntypedStorage._share_cuda_ = _raiser(
         "Sending a cuda tensor to another process (CUDA IPC)", "shares GPU memory by handle"
     )
+    _patch_comm(torch)
+    _patch_cudnn(torch)
     _patch_compile(torch)
+
+
+def _patch_cudnn(torch) -> None:
+    """No cuDNN serves a simulated GPU: torch takes its native kernels, whose CPU ones run
+    (convolutions already do, the hooks saying so). cudnn.version() answers with the version
+    this torch was built against, as on a node, and is_acceptable() says no, so that an RNN
+    takes the native kernels too rather than cuDNN's."""
+    import torch.backends.cudnn as cudnn
+
+    major, minor, patch = torch._C._cudnn.getCompileVersion()
+    built = major * 10000 + minor * 100 + patch if major >= 9 else major * 1000 + minor * 100 + patch
+    cudnn.version = lambda: built
+    cudnn.is_acceptable = lambda tensor: False
+
+
+def _patch_comm(torch) -> None:
+    """torch.cuda.comm (nn.DataParallel's copies between the GPUs of one process) as copies
+    between simulated GPUs: a copy to each, a sum on one, chunks to each, a concatenation
+    on one, with each function's signature and results."""
+    import torch.cuda.comm as cuda_comm
+    import torch.nn.parallel.comm as parallel_comm
+
+    def device_of(device) -> torch.device:
+        if device is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        if isinstance(device, int):
+            return torch.device("cpu") if device == -1 else torch.device("cuda", device)
+        return torch.device(device)
+
+    def broadcast(tensor, devices=None, *, out=None):
+        if out is not None:
+            for target in out:
+                target.copy_(tensor)
+            return tuple(out)
+        return tuple(tensor if tensor.device == device_of(d) else tensor.to(device_of(d))
+                     for d in devices)
+
+    def broadcast_coalesced(tensors, devices, buffer_size=10485760):
+        return tuple(tuple(t if t.device == device_of(d) else t.to(device_of(d)) for t in tensors)
+                     for d in devices)
+
+    def reduce_add(inputs, destination=None):
+        target = device_of(destination)
+        total = inputs[0].to(target, copy=True)
+        for other in inputs[1:]:
+            total.add_(other.to(target))
+        return total
+
+    def reduce_add_coalesced(inputs, destination=None, buffer_size=10485760):
+        return tuple(reduce_add(list(same), destination) for same in zip(*inputs))
+
+    def scatter(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *, out=None):
+        if out is not None:
+            parts = tensor.split([o.size(dim) for o in out], dim)
+            for target, part in zip(out, parts):
+                target.copy_(part)
+            return tuple(out)
+        parts = (tensor.split(list(chunk_sizes), dim) if chunk_sizes is not None
+                 else tensor.chunk(len(devices), dim))
+        return tuple(part.to(device_of(d)).contiguous() for part, d in zip(parts, devices))
+
+    def gather(tensors, dim=0, destination=None, *, out=None):
+        if out is not None:
+            return torch.cat([t.to(out.device) for t in tensors], dim, out=out)
+        target = device_of(destination)
+        return torch.cat([t.to(target) for t in tensors], dim)
+
+    for module in (cuda_comm, parallel_comm):
+        for function in (broadcast, broadcast_coalesced, reduce_add, reduce_add_coalesced,
+                         scatter, gather):
+            setattr(module, function.__name__, function)
 
 
 def _patch_compile(torch) -> None:

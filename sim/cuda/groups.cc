@@ -8,13 +8,21 @@
 // A transport that takes only CPU tensors (Gloo) runs each collective on CPU views of its
 // tensors' storage, and its Work hands back the cuda tensors it was given, in its result and
 // its future, so a caller (the DDP reducer, a comm hook) never meets a view.
+//
+// Torch's "nccl" group (NcclRules) refuses what torch's ProcessGroupNCCL refuses, with its
+// words and exception types, and runs what NCCL runs that the transport beneath has not:
+// PREMUL_SUM is NCCL's own definition (each rank's input times the factor, then a sum), and
+// a reduction of float8 tensors is made in float32 and rounded once.
 #include <ATen/core/ivalue.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,18 +90,114 @@ class GpuCheck {
   bool checked_ = false;
 };
 
+// What torch's ProcessGroupNCCL refuses, as it says it.
+namespace nccl_rules {
+
+void check_dtype(const at::Tensor& t) {
+  static const std::set<c10::ScalarType> taken = {
+      c10::kChar, c10::kByte, c10::kFloat, c10::kDouble, c10::kInt,
+      c10::kLong, c10::kHalf, c10::kBool, c10::kBFloat16, c10::ScalarType::Float8_e5m2,
+      c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e4m3fnuz,
+      c10::ScalarType::Float8_e5m2fnuz};
+  TORCH_CHECK_WITH(TypeError, taken.count(t.scalar_type()) != 0,
+                   "Input tensor data type is not supported for NCCL process group: ",
+                   t.scalar_type());
+}
+
+void check_contiguous(const at::Tensor& t) {
+  if (!t.is_contiguous(t.suggest_memory_format())) {
+    C10_THROW_ERROR(ValueError, "Tensors must be contiguous");
+  }
+}
+
+void check_op(const c10d::ReduceOp& op, const std::vector<at::Tensor>& tensors) {
+  switch (op.op_) {
+    case c10d::ReduceOp::BAND:
+      C10_THROW_ERROR(ValueError, "Cannot use ReduceOp.BAND with NCCL");
+    case c10d::ReduceOp::BOR:
+      C10_THROW_ERROR(ValueError, "Cannot use ReduceOp.BOR with NCCL");
+    case c10d::ReduceOp::BXOR:
+      C10_THROW_ERROR(ValueError, "Cannot use ReduceOp.BXOR with NCCL");
+    case c10d::ReduceOp::AVG:
+      for (const at::Tensor& t : tensors) {
+        TORCH_CHECK_WITH(TypeError, t.scalar_type() != c10::kBool,
+                         "Cannot use ReduceOp.AVG with boolean inputs");
+      }
+      return;
+    case c10d::ReduceOp::PREMUL_SUM:
+      for (const at::Tensor& t : tensors) {
+        const c10::ScalarType type = t.scalar_type();
+        TORCH_CHECK_WITH(TypeError,
+                         type == c10::kHalf || type == c10::kFloat || type == c10::kBFloat16 ||
+                             type == c10::kDouble,
+                         "PreMulSum Data type must be half, float, bfloat16 or double");
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+// PREMUL_SUM's factor, as the op carries it (a number, or a one-element tensor).
+at::Tensor scaled(const at::Tensor& t, const c10d::ReduceOp& op) {
+  const auto* factor = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(factor != nullptr, "ReduceOp.PREMUL_SUM without its factor");
+  if (factor->tensor_factor.defined()) return t * factor->tensor_factor.to(t.device());
+  return t * factor->double_factor;
+}
+
+// Whether a reduction must run on stand-ins of its tensors: what the transport beneath
+// cannot reduce as NCCL does.
+bool needs_stand_ins(const c10d::ReduceOp& op, const std::vector<at::Tensor>& tensors) {
+  if (op == c10d::ReduceOp::PREMUL_SUM) return true;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && c10::isFloat8Type(t.scalar_type())) return true;
+  }
+  return false;
+}
+
+// What the transport reduces for `t`: float32 for float8, times the factor for PREMUL_SUM
+// (for an input; an output only receives), never `t` itself.
+at::Tensor stand_in(const at::Tensor& t, const c10d::ReduceOp& op, bool input) {
+  at::Tensor wide = c10::isFloat8Type(t.scalar_type()) ? t.to(c10::kFloat) : t.clone();
+  return input && op == c10d::ReduceOp::PREMUL_SUM ? scaled(wide, op) : wide;
+}
+
+std::vector<at::Tensor> stand_ins(const std::vector<at::Tensor>& tensors,
+                                  const c10d::ReduceOp& op, bool input) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) out.push_back(stand_in(t, op, input));
+  return out;
+}
+
+// The op the transport runs on stand-ins: a sum for PREMUL_SUM, whose factor they hold.
+c10d::ReduceOp on_stand_ins(const c10d::ReduceOp& op) {
+  return op == c10d::ReduceOp::PREMUL_SUM ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
+}
+
+// The stand-ins' results into the tensors they stand for, once `work` is done.
+c10::intrusive_ptr<c10d::Work> rounded_into(c10::intrusive_ptr<c10d::Work> work,
+                                            std::vector<at::Tensor>& targets,
+                                            const std::vector<at::Tensor>& results) {
+  work->wait();
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i].copy_(results[i]);
+  return work;
+}
+
+}  // namespace nccl_rules
+
 // One collective's tensors, as the inner transport takes them.
 class Taken {
  public:
-  Taken(GpuCheck& check, bool views) : check_(check), views_(views) {}
+  Taken(GpuCheck& check, bool views, bool nccl) : check_(check), views_(views), nccl_(nccl) {}
 
   at::Tensor operator()(const at::Tensor& t) {
-    if (!t.defined() || !t.is_cuda()) return t;
-    check_.check(t.device());
-    if (!views_) return t;
-    at::Tensor view = cpu_view(t);
-    pairs_->emplace_back(view, t);
-    return view;
+    if (nccl_ && t.defined()) {
+      nccl_rules::check_dtype(t);
+      nccl_rules::check_contiguous(t);
+    }
+    return taken(t);
   }
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& tensors) {
     std::vector<at::Tensor> out;
@@ -101,18 +205,38 @@ class Taken {
     for (const at::Tensor& t : tensors) out.push_back((*this)(t));
     return out;
   }
+  // A list per rank (all_gather's outputs, scatter's inputs): NCCL copies through a buffer
+  // of its own, so these may be views of any layout.
   std::vector<std::vector<at::Tensor>> operator()(
       const std::vector<std::vector<at::Tensor>>& lists) {
     std::vector<std::vector<at::Tensor>> out;
     out.reserve(lists.size());
-    for (const auto& list : lists) out.push_back((*this)(list));
+    for (const auto& list : lists) {
+      std::vector<at::Tensor> each;
+      each.reserve(list.size());
+      for (const at::Tensor& t : list) {
+        if (nccl_ && t.defined()) nccl_rules::check_dtype(t);
+        each.push_back(taken(t));
+      }
+      out.push_back(std::move(each));
+    }
     return out;
   }
   std::shared_ptr<Pairs> pairs() const { return pairs_; }
 
  private:
+  at::Tensor taken(const at::Tensor& t) {
+    if (!t.defined() || !t.is_cuda()) return t;
+    check_.check(t.device());
+    if (!views_) return t;
+    at::Tensor view = cpu_view(t);
+    pairs_->emplace_back(view, t);
+    return view;
+  }
+
   GpuCheck& check_;
   const bool views_;
+  const bool nccl_;
   std::shared_ptr<Pairs> pairs_ = std::make_shared<Pairs>();
 };
 
@@ -151,11 +275,12 @@ class ViewWork final : public c10d::Work {
 class CudaGroup final : public c10d::Backend {
  public:
   CudaGroup(c10::intrusive_ptr<c10d::Backend> inner, c10::intrusive_ptr<c10d::Store> store,
-            bool views)
+            bool views, bool nccl)
       : c10d::Backend(inner->getRank(), inner->getSize()),
         inner_(std::move(inner)),
         check_(std::move(store), getRank(), getSize()),
-        views_(views) {}
+        views_(views),
+        nccl_(nccl) {}
 
   const std::string getBackendName() const override { return inner_->getBackendName(); }
   void setTimeout(std::chrono::milliseconds timeout) override { inner_->setTimeout(timeout); }
@@ -171,6 +296,13 @@ class CudaGroup final : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
+      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
+      c10d::AllreduceOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      return nccl_rules::rounded_into(allreduce(wide, sum), tensors, wide);
+    }
     return on_views([&](Taken& take) {
       auto v = take(tensors);
       return inner_->allreduce(v, opts);
@@ -178,6 +310,13 @@ class CudaGroup final : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
+      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
+      c10d::AllreduceCoalescedOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      return nccl_rules::rounded_into(allreduce_coalesced(wide, sum), tensors, wide);
+    }
     return on_views([&](Taken& take) {
       auto v = take(tensors);
       return inner_->allreduce_coalesced(v, opts);
@@ -185,6 +324,15 @@ class CudaGroup final : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
+      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
+      c10d::ReduceOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      auto work = reduce(wide, sum);
+      if (getRank() != opts.rootRank) return work;  // NCCL writes the root's tensor only
+      return nccl_rules::rounded_into(std::move(work), tensors, wide);
+    }
     return on_views([&](Taken& take) {
       auto v = take(tensors);
       return inner_->reduce(v, opts);
@@ -228,6 +376,17 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, outputs);
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, outputs)) {
+      std::vector<std::vector<at::Tensor>> wide_in;
+      for (const auto& list : inputs) {
+        wide_in.push_back(nccl_rules::stand_ins(list, opts.reduceOp, true));
+      }
+      auto wide_out = nccl_rules::stand_ins(outputs, opts.reduceOp, false);
+      c10d::ReduceScatterOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      return nccl_rules::rounded_into(reduce_scatter(wide_out, wide_in, sum), outputs, wide_out);
+    }
     return on_views([&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
@@ -236,6 +395,16 @@ class CudaGroup final : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, {input});
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, {input})) {
+      at::Tensor wide_in = nccl_rules::stand_in(input, opts.reduceOp, true);
+      std::vector<at::Tensor> outputs{output};
+      std::vector<at::Tensor> wide_out{nccl_rules::stand_in(output, opts.reduceOp, false)};
+      c10d::ReduceScatterOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      return nccl_rules::rounded_into(_reduce_scatter_base(wide_out[0], wide_in, sum), outputs,
+                                      wide_out);
+    }
     return on_views([&](Taken& take) {
       auto out = take(output);
       auto in = take(input);
@@ -245,6 +414,15 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
+    if (nccl_) nccl_rules::check_op(opts.reduceOp, inputs);
+    if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, inputs)) {
+      auto wide_in = nccl_rules::stand_ins(inputs, opts.reduceOp, true);
+      auto wide_out = nccl_rules::stand_ins(outputs, opts.reduceOp, false);
+      c10d::ReduceScatterOptions sum = opts;
+      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
+      return nccl_rules::rounded_into(reduce_scatter_tensor_coalesced(wide_out, wide_in, sum),
+                                      outputs, wide_out);
+    }
     return on_views([&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
@@ -316,7 +494,7 @@ class CudaGroup final : public c10d::Backend {
  private:
   template <typename Run>
   c10::intrusive_ptr<c10d::Work> on_views(Run run) {
-    Taken taken(check_, views_);
+    Taken taken(check_, views_, nccl_);
     c10::intrusive_ptr<c10d::Work> work = run(taken);
     if (taken.pairs()->empty()) return work;
     return c10::make_intrusive<ViewWork>(std::move(work), taken.pairs());
@@ -325,14 +503,15 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> inner_;
   GpuCheck check_;
   const bool views_;
+  const bool nccl_;
 };
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> for_cuda_tensors(c10::intrusive_ptr<c10d::Backend> group,
                                                    c10::intrusive_ptr<c10d::Store> store,
-                                                   bool cpu_views) {
-  return c10::make_intrusive<CudaGroup>(std::move(group), std::move(store), cpu_views);
+                                                   bool cpu_views, bool as_nccl) {
+  return c10::make_intrusive<CudaGroup>(std::move(group), std::move(store), cpu_views, as_nccl);
 }
 
 }  // namespace sgpu::sim::cuda

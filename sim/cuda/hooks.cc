@@ -9,7 +9,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <mutex>
 #include <new>
+#include <unordered_set>
 #include <vector>
 
 #include "sim/cuda/generator.h"
@@ -33,6 +35,52 @@ const c10::impl::DeviceGuardImplInterface& guard() {
 
 c10::DeviceIndex resolve(c10::DeviceIndex index) { return index < 0 ? current_device() : index; }
 
+// Pinned host memory on sim: the CPU's memory, each allocation remembered until it is
+// freed, so that is_pinned() says of it what a GPU node says (the DDP reducer asserts it of
+// the buffer it pinned) and of other host memory that it is not pinned.
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t bytes) override {
+    auto* held = new c10::DataPtr(c10::GetCPUAllocator()->allocate(bytes));
+    void* data = held->get();
+    if (data != nullptr) {
+      std::lock_guard lock(mutex());
+      pinned().insert(data);
+    }
+    return {data, held, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  static bool holds(const void* data) {
+    std::lock_guard lock(mutex());
+    return pinned().count(data) != 0;
+  }
+
+ private:
+  static void release(void* context) {
+    auto* held = static_cast<c10::DataPtr*>(context);
+    {
+      std::lock_guard lock(mutex());
+      pinned().erase(held->get());
+    }
+    delete held;
+  }
+  static std::mutex& mutex() {
+    static auto* lock = new std::mutex;  // outlives any exit path, as the memory it guards
+    return *lock;
+  }
+  static std::unordered_set<const void*>& pinned() {
+    static auto* all = new std::unordered_set<const void*>;
+    return *all;
+  }
+};
+
+PinnedAllocator& pinned_allocator() {
+  static auto* allocator = new PinnedAllocator;
+  return *allocator;
+}
+
 struct SimHooks final : at::CUDAHooksInterface {
   void init() const override {}
   bool isBuilt() const override { return true; }
@@ -54,9 +102,9 @@ struct SimHooks final : at::CUDAHooksInterface {
     return exchangeDevice(device);
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  bool isPinnedPtr(const void*) const override { return false; }
-  // Host memory is host memory: pinning changes nothing on sim.
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  // Pinning changes nothing of host memory on sim, but is remembered (PinnedAllocator).
+  bool isPinnedPtr(const void* data) const override { return PinnedAllocator::holds(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
   c10::Allocator* getCUDADeviceAllocator() const override {
     return memory::cuda_device_allocator(cuda::current_device());
   }

@@ -26,6 +26,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <cctype>
 #include <mutex>
 #include <set>
 #include <string>
@@ -63,14 +64,27 @@ at::Tensor as_cuda(const at::Tensor& cpu, c10::Device device) {
   return at::Tensor(std::move(impl));
 }
 
+
+// Copies, which CUDA runs between any two GPUs of a process (peer copies): their tensors
+// may be on different cuda devices.
+bool copies_between_devices(const c10::OperatorName& name) {
+  static const std::set<std::string> names = {"aten::copy_", "aten::_copy_from",
+                                              "aten::_copy_from_and_resize"};
+  return names.count(name.name) != 0;
+}
+
+// Indexing, whose CUDA kernels take indices on the CPU or on the indexed tensor's GPU.
+bool indexes(const c10::OperatorName& name) {
+  static const std::set<std::string> names = {
+      "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::index_put", "aten::_unsafe_index", "aten::_unsafe_index_put"};
+  return names.count(name.name) != 0;
+}
+
 // Operators that take host tensors beside cuda ones on a GPU: copies between devices, and
 // indexing, whose CUDA kernels move CPU indices over.
 bool takes_host_tensors(const c10::OperatorName& name) {
-  static const std::set<std::string> names = {
-      "aten::copy_",     "aten::_copy_from",    "aten::_copy_from_and_resize",
-      "aten::index",     "aten::index_put_",    "aten::_index_put_impl_",
-      "aten::index_put", "aten::_unsafe_index", "aten::_unsafe_index_put"};
-  return names.count(name.name) != 0;
+  return copies_between_devices(name) || indexes(name);
 }
 
 // "aten::addmm" -> "wrapper_CUDA_addmm", as CUDA's generated kernels name themselves.
@@ -85,6 +99,19 @@ std::string kernel_name(const c10::OperatorHandle& op) {
               "Expected all tensors to be on the same device, but found at least two devices, ",
               common, " and ", other, "! (when checking argument for argument ", argument,
               " in method ", kernel_name(op), ")");
+}
+
+// A sparse (or otherwise unstrided) cuda tensor: CUDA on sim serves strided tensors, whose
+// storage a CPU view shares; the others' parts live apart, so the operator is refused.
+[[noreturn]] void not_strided(const c10::OperatorHandle& op, const at::Tensor& t) {
+  std::string layout = c10::str(t.layout());  // "Sparse", "SparseCsr", ...
+  for (char& c : layout) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  C10_THROW_ERROR(NotImplementedError,
+                  "sgpu: " + op.schema().name() + " on a " + layout +
+                      " cuda tensor: CUDA on sim serves strided (dense) tensors only, so "
+                      "sparse and other layouts on a simulated GPU are not simulated. Keep "
+                      "them on the CPU (their CPU kernels run), or run this code on the cuda "
+                      "backend (a GPU node)");
 }
 
 // Random operators that take no generator: they draw from the CPU's default one.
@@ -164,7 +191,10 @@ bool is_optional_generator(const c10::Argument& argument) {
 class Call {
  public:
   Call(const c10::OperatorHandle& op, torch::jit::Stack* stack)
-      : op_(op), stack_(*stack), host_ok_(takes_host_tensors(op.operator_name())) {}
+      : op_(op),
+        stack_(*stack),
+        host_ok_(takes_host_tensors(op.operator_name())),
+        peer_copy_(copies_between_devices(op.operator_name())) {}
 
   void run() {
     const auto& arguments = op_.schema().arguments();
@@ -224,6 +254,7 @@ class Call {
     if (!t.defined()) return t;
     const c10::Device device = t.device();
     if (device.is_cuda()) {
+      if (t.layout() != c10::kStrided) not_strided(op_, t);
       check_device(device, argument);
       at::Tensor view = cpu_view(t);
       views_.emplace_back(view, t);
@@ -236,9 +267,17 @@ class Call {
   }
 
   void check_device(c10::Device device, const c10::Argument& argument) {
+    if (peer_copy_) {  // between GPUs as between a GPU and the host; the first is the target
+      if (!device_) device_ = device;
+      return;
+    }
     if (!common_) {
       common_ = device;
     } else if (*common_ != device) {
+      TORCH_CHECK_INDEX(!indexes(op_.operator_name()),
+                        "indices should be either on cpu or on the same device as the indexed "
+                        "tensor (",
+                        *common_, ")");
       devices_differ(*common_, device, op_, argument.name());
     }
     if (device.is_cuda()) device_ = device;
@@ -263,6 +302,7 @@ class Call {
     }
     const c10::Device device = out_device();
     if (!device.is_cuda()) return t;
+    if (t.layout() != c10::kStrided) not_strided(op_, t);
     for (const c10::StorageImpl* host : hosts_) {  // a host argument handed back as it is
       if (t.storage().unsafeGetStorageImpl() == host) return t;
     }
@@ -289,6 +329,7 @@ class Call {
   const c10::OperatorHandle& op_;
   torch::jit::Stack& stack_;
   const bool host_ok_;
+  const bool peer_copy_;
   std::optional<c10::Device> common_;  // the first tensor's device, as CUDA's checks keep it
   std::optional<c10::Device> device_;  // the cuda device of the tensors
   std::optional<c10::Device> target_;  // a device argument (a factory's, or _to_copy's)

@@ -68,9 +68,12 @@ void set_memory_fraction(int device, double fraction);
 // first collective on cuda tensors its ranks compare GPUs, and two on one GPU of a node fail
 // as NCCL fails them ("Duplicate GPU detected", DistBackendError); with `cpu_views` (a
 // transport that takes CPU tensors only: Gloo) each collective runs on CPU views of its
-// tensors, and its Work hands back the tensors it was given.
+// tensors, and its Work hands back the tensors it was given. With `as_nccl` (torch's "nccl"
+// group) it refuses what torch's ProcessGroupNCCL refuses, in its words (a reduce op NCCL has
+// not, a dtype NCCL has not, a tensor that is not contiguous), and runs what NCCL runs that
+// the transport has not: PREMUL_SUM as a multiply and a sum, float8 reductions in float32.
 c10::intrusive_ptr<c10d::Backend> for_cuda_tensors(c10::intrusive_ptr<c10d::Backend> group,
                                                    c10::intrusive_ptr<c10d::Store> store,
-                                                   bool cpu_views);
+                                                   bool cpu_views, bool as_nccl);
 
 }  // namespace sgpu::sim::cuda

@@ -29,6 +29,9 @@ struct ProcessGroupRequest {
   // rank's own code (the fault plan's collective faults), so what it sees is what reached
   // the transport. Empty: nothing is recorded.
   RecordHook record;
+  // The group stands for NCCL's (torch's "nccl" in a Python rank): a backend that serves it
+  // with another transport refuses what NCCL refuses, and runs what NCCL runs where it can.
+  bool as_nccl = false;
 };
 
 class ProcessGroupFactory {

@@ -21,6 +21,8 @@ struct RankGroupRequest {
   // The group's members, by group rank, as global ranks; empty: the world. The ring names a
   // group of fewer than every rank by them ("ranks 0,2").
   std::vector<int> members;
+  // The group is torch's "nccl" (a Python rank's, on sim): it refuses what NCCL refuses.
+  bool as_nccl = false;
 };
 
 // In a rank that sgpu started (its environment names the backend and the device).

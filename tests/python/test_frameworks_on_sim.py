@@ -101,14 +101,17 @@ def test_deepspeed_zero_with_its_cuda_accelerator(stage):
     assert {r["accelerator"] for r in results} == {"cuda"}
 
 
-def test_accelerate_with_a_plain_accelerator():
+# find_unused_parameters: DDP's reducer then keeps a pinned buffer, which it asserts is.
+@pytest.mark.parametrize("find_unused", [False, True])
+def test_accelerate_with_a_plain_accelerator(find_unused):
     pytest.importorskip("accelerate")
 
     @distributed(gpus=RANKS, tracking=False)
-    def train():
-        from accelerate import Accelerator
+    def train(find_unused):
+        from accelerate import Accelerator, DistributedDataParallelKwargs
 
-        accelerator = Accelerator()
+        accelerator = Accelerator(kwargs_handlers=[
+            DistributedDataParallelKwargs(find_unused_parameters=find_unused)])
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         before = fingerprint(model.parameters())
@@ -124,16 +127,18 @@ def test_accelerate_with_a_plain_accelerator():
                 "processes": accelerator.num_processes,
                 "type": str(accelerator.distributed_type)}
 
-    results = train.distributed()
+    results = train.distributed(find_unused)
     check(results)
     assert {(r["processes"], r["type"]) for r in results} == {(RANKS, "DistributedType.MULTI_GPU")}
 
 
-def test_lightning_with_a_gpu_accelerator():
+# The strategy Lightning's own error recommends for unused parameters, beside plain DDP.
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_find_unused_parameters_true"])
+def test_lightning_with_a_gpu_accelerator(strategy):
     pytest.importorskip("lightning")
 
     @distributed(gpus=RANKS, tracking=False)
-    def train():
+    def train(strategy):
         import lightning as L
 
         seen = set()
@@ -156,13 +161,13 @@ def test_lightning_with_a_gpu_accelerator():
         model = Model()
         before = fingerprint(model.parameters())
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=8)
-        trainer = L.Trainer(accelerator="gpu", devices=RANKS, strategy="ddp", max_epochs=1,
+        trainer = L.Trainer(accelerator="gpu", devices=RANKS, strategy=strategy, max_epochs=1,
                             enable_progress_bar=False, enable_checkpointing=False, logger=False,
                             enable_model_summary=False)
         trainer.fit(model, loader)
         return {"device": seen.pop() if len(seen) == 1 else str(seen), "before": before,
                 "after": fingerprint(model.parameters()), "world": trainer.world_size}
 
-    results = train.distributed()
+    results = train.distributed(strategy)
     check(results)
     assert {r["world"] for r in results} == {RANKS}

@@ -277,6 +277,8 @@ def test_autocast_and_the_grad_scaler_run_as_on_a_gpu():
 def test_what_cannot_be_simulated_says_so():
     @distributed(gpus=1, tracking=False)
     def unsimulated():
+        import torch  # a local name: cloudpickle would carry torch.backends.cudnn by value
+
         x = torch.ones(4, device="cuda")
         said = {}
         attempts = {
@@ -286,6 +288,12 @@ def test_what_cannot_be_simulated_says_so():
             "cuda_only_op": lambda: torch.ops.aten._cudnn_init_dropout_state(
                 0.5, True, 0, dtype=torch.uint8, device="cuda"),
             "ipc": lambda: x.untyped_storage()._share_cuda_(),
+            "lstm": lambda: torch.nn.LSTM(4, 8).cuda()(torch.randn(3, 2, 4, device="cuda")),
+            "sparse": lambda: torch.sparse.mm(torch.eye(3, device="cuda").to_sparse(),
+                                              torch.ones(3, 2, device="cuda")),
+            "raw_alloc": lambda: torch.cuda.caching_allocator_alloc(1024),
+            "jiterator": lambda: torch.cuda.jiterator._create_jit_fn(
+                "template <typename T> T f(T x) { return x; }")(x),
         }
         for name, attempt in attempts.items():
             try:
@@ -295,9 +303,25 @@ def test_what_cannot_be_simulated_says_so():
                 said[name] = f"{type(error).__name__}: {error}"
         # CPU inputs still compile.
         said["compile_cpu"] = torch.compile(lambda t: t * 2)(torch.ones(2)).tolist()
+        # cuDNN's version answers, as on a node (none serves a simulated GPU).
+        said["cudnn"] = (torch.backends.cudnn.version(),
+                         torch.backends.cudnn.is_acceptable(x))
+        # DataParallel copies between the simulated GPUs, forward and backward.
+        model = torch.nn.DataParallel(torch.nn.Linear(4, 2).cuda(), device_ids=[0, 1])
+        model(torch.ones(6, 4, device="cuda")).sum().backward()
+        said["data_parallel"] = model.module.weight.grad.tolist()
         return said
 
     said = unsimulated.distributed()[0]
+    assert said["cudnn"][0] >= 90000 and said["cudnn"][1] is False, said["cudnn"]
+    assert said["data_parallel"] == [[6.0] * 4] * 2  # a batch of 6 ones, over two GPUs
+    assert said["lstm"].startswith("NotImplementedError: sgpu: aten::_thnn_fused_lstm_cell has a "
+                                   "CUDA kernel and no CPU one"), said["lstm"]
+    assert said["sparse"].startswith("NotImplementedError: sgpu: aten::") and \
+        "on a sparse cuda tensor: CUDA on sim serves strided (dense) tensors only" in \
+        said["sparse"], said["sparse"]
+    assert said["raw_alloc"].startswith("NotSimulatedError: torch.cuda.caching_allocator_alloc ")
+    assert said["jiterator"].startswith("NotSimulatedError: torch.cuda.jiterator._create_jit_fn ")
     assert said["graph"].startswith("NotSimulatedError: torch.cuda.CUDAGraph ")
     assert said["nvml"].startswith("NotSimulatedError: torch.cuda.utilization ")
     assert "torch.compile (backend 'inductor') compiles GPU kernels" in said["compile"]
@@ -597,3 +621,144 @@ def test_tensors_a_rank_returns_from_its_gpu_reach_the_caller():
         assert torch.equal(row["weights"], torch.full((2, 3), float(rank)))
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
     assert [run.info.status for run in runs] == ["FINISHED"]
+
+
+def what_nccl_refuses() -> dict:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("nccl")
+    seen = {}
+    cases = {
+        "band": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32, device="cuda"),
+                                        op=dist.ReduceOp.BAND),
+        "bor": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32, device="cuda"),
+                                       op=dist.ReduceOp.BOR),
+        "int16": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16, device="cuda")),
+        "strided": lambda: dist.all_reduce(torch.ones(4, 4, device="cuda").t()),
+        "broadcast_int16": lambda: dist.broadcast(torch.ones(2, dtype=torch.int16,
+                                                             device="cuda"), 0),
+    }
+    for name, run in cases.items():
+        try:
+            run()
+            seen[name] = "ran"
+        except Exception as error:  # noqa: BLE001 - what the user sees
+            seen[name] = f"{type(error).__name__}: {error}"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # What NCCL runs that Gloo and shared memory have not: PREMUL_SUM and float8 sums.
+    premul = torch.full((4,), float(rank + 1), device="cuda")
+    dist.all_reduce(premul, op=dist._make_nccl_premul_sum(0.5))
+    seen["premul_sum"] = premul.tolist()
+    scattered = torch.zeros(2, device="cuda")
+    dist.reduce_scatter_tensor(scattered, torch.full((2 * world,), float(rank + 1), device="cuda"),
+                               op=dist._make_nccl_premul_sum(torch.tensor(0.25, device="cuda")))
+    seen["premul_reduce_scatter"] = scattered.tolist()
+    eight = torch.full((3,), 1.5, device="cuda").to(torch.float8_e4m3fn)
+    dist.all_reduce(eight)
+    seen["float8"] = [eight.dtype == torch.float8_e4m3fn, eight.float().tolist()]
+    dist.destroy_process_group()
+    return seen
+
+
+def test_an_nccl_group_refuses_what_nccl_refuses_and_runs_what_it_runs():
+    got = distributed(gpus=2, tracking=False)(what_nccl_refuses).distributed()
+    assert got[0] == got[1]
+    seen = got[0]
+    assert seen["band"] == "ValueError: Cannot use ReduceOp.BAND with NCCL"
+    assert seen["bor"] == "ValueError: Cannot use ReduceOp.BOR with NCCL"
+    assert seen["int16"] == seen["broadcast_int16"] == \
+        "TypeError: Input tensor data type is not supported for NCCL process group: Short"
+    assert seen["strided"] == "ValueError: Tensors must be contiguous"
+    assert seen["premul_sum"] == [1.5] * 4  # (1 + 2) * 0.5
+    assert seen["premul_reduce_scatter"] == [0.75] * 2  # (1 + 2) * 0.25
+    assert seen["float8"] == [True, [3.0] * 3]
+
+
+def sgpu_group_keeps_what_it_takes() -> list:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("sgpu")
+    short = torch.full((2,), 3, dtype=torch.int16, device="cuda")
+    dist.all_reduce(short, op=dist.ReduceOp.BAND)
+    strided = torch.ones(4, 4, device="cuda").t()
+    dist.all_reduce(strided)
+    dist.destroy_process_group()
+    return [short.tolist(), strided[0].tolist()]
+
+
+def test_the_sgpu_group_keeps_taking_what_nccl_refuses():
+    got = distributed(gpus=2, tracking=False)(sgpu_group_keeps_what_it_takes).distributed()
+    assert got == [[[3, 3], [2.0] * 4]] * 2
+
+
+def copies_between_gpus() -> dict:
+    torch.cuda.set_device(0)
+    src = torch.arange(4.0, device="cuda:1")
+    dst = torch.zeros(4, device="cuda:0")
+    dst.copy_(src)
+    sliced = torch.zeros(4, device="cuda:0")
+    sliced[:] = src
+    seen = {"copy_": (str(dst.device), dst.tolist()), "slice": (str(sliced.device), sliced.tolist())}
+    try:
+        torch.arange(4.0, device="cuda:0")[torch.tensor([1, 2], device="cuda:1")]
+        seen["index"] = "ran"
+    except Exception as error:  # noqa: BLE001 - what the user sees
+        seen["index"] = f"{type(error).__name__}: {error}"
+    return seen
+
+
+def test_a_copy_between_two_gpus_works_as_a_peer_copy_does():
+    got = distributed(gpus=1, sim_node="2xH100", tracking=False)(copies_between_gpus).distributed()[0]
+    assert got["copy_"] == ("cuda:0", [0.0, 1.0, 2.0, 3.0])
+    assert got["slice"] == ("cuda:0", [0.0, 1.0, 2.0, 3.0])
+    assert got["index"] == ("IndexError: indices should be either on cpu or on the same device as "
+                            "the indexed tensor (cuda:0)")
+
+
+def pins() -> list:
+    pinned = torch.ones(3).pin_memory()
+    made = torch.empty(3, pin_memory=True)
+    plain = torch.ones(3)
+    return [pinned.is_pinned(), made.is_pinned(), plain.is_pinned()]
+
+
+def test_pinned_memory_says_it_is_pinned_as_on_a_gpu():
+    assert distributed(gpus=1, tracking=False)(pins).distributed() == [[True, True, False]]
+
+
+def trains_with_ddp(option: str) -> float:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    local = sgpu.get_local_rank()
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 4), "unused": torch.nn.Linear(4, 4)})
+    model = model.cuda()
+
+    class Uses(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner["used"](x)
+
+    ddp = DistributedDataParallel(Uses(model), device_ids=[local], **{option: True})
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        ddp(torch.full((2, 4), float(step + local), device="cuda")).sum().backward()
+        optimizer.step()
+    weight = model["used"].weight.sum().item()
+    dist.destroy_process_group()
+    return weight
+
+
+@pytest.mark.parametrize("option", ["find_unused_parameters", "static_graph"])
+def test_ddp_with_unused_parameters_or_a_static_graph_trains(option):
+    got = distributed(gpus=2, tracking=False)(trains_with_ddp).distributed(option)
+    assert got[0] == got[1]
