@@ -475,12 +475,22 @@ class ShmBackend final : public c10d::Backend {
   }
 
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) override {
-    // A barrier under its own timeout, which names every rank that never arrived.
+    // A barrier under its own timeout, which names every rank that never arrived; a timeout
+    // opens with Gloo's words ("Rank 0 timed out in monitoredBarrier after 1000 ms."), which
+    // programs and torch's own tests look for.
     std::lock_guard lock(mutex_);
     const std::chrono::milliseconds saved = timeout_;
     if (opts.timeout != c10d::kUnsetTimeout) timeout_ = opts.timeout;
+    const std::chrono::milliseconds limit = timeout_;
     try {
       barrier(opts)->wait();
+    } catch (const c10::DistBackendError& error) {
+      timeout_ = saved;
+      const std::string verdict = error.what_without_backtrace();
+      if (verdict.find(" timed out in ") == std::string::npos) throw;
+      C10_THROW_ERROR(DistBackendError, "Rank " + std::to_string(rank_) +
+                                            " timed out in monitoredBarrier after " +
+                                            std::to_string(limit.count()) + " ms. " + verdict);
     } catch (...) {
       timeout_ = saved;
       throw;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -146,6 +147,62 @@ TEST(OptionTable, AVariableDecidesStandsInOrTurnsOffAsItsRowSays) {
   EXPECT_EQ(options.runs_dir, "/runs");     // a path's row too
   EXPECT_EQ(options.sim_transport, "shm");  // not for one given
   EXPECT_FALSE(options.tracking);           // it turns it off
+}
+
+// Each variable against an option given a value other than its default, its rule written
+// here and not read from the table, so that a row whose rule changes (and its docs with it)
+// fails: a variable that decides overrides what the call passed, one that stands in does
+// not, and SGPU_TRACKING turns tracking off and never on.
+TEST(OptionTable, EveryVariableActsOnAGivenOptionAsItsRuleHasAlwaysSaid) {
+  struct Case {
+    const char* variable;
+    const char* value;
+    void (*give)(sgpu::Options&);
+    bool (*took_variable)(const sgpu::Options&);  // the variable's value won
+    bool decides;
+  };
+  const Case cases[] = {
+      {"SGPU_BACKEND", "sim", [](sgpu::Options& o) { o.backend = "cuda"; },
+       [](const sgpu::Options& o) { return o.backend == "sim"; }, true},
+      {"SGPU_HANG_TIMEOUT", "none",
+       [](sgpu::Options& o) { o.hang_timeout = std::chrono::seconds(5); },
+       [](const sgpu::Options& o) { return o.hang_timeout == sgpu::kNoTimeout; }, true},
+      {"SGPU_SIM_CUDA", "on", [](sgpu::Options& o) { o.sim_cuda = false; },
+       [](const sgpu::Options& o) { return o.sim_cuda; }, true},
+      {"SGPU_START_METHOD", "exec",
+       [](sgpu::Options& o) { o.start_method = sgpu::StartMethod::kForkServer; },
+       [](const sgpu::Options& o) { return o.start_method == sgpu::StartMethod::kExec; }, true},
+      {"SGPU_SIM", "2xA10", [](sgpu::Options& o) { o.sim_node = "4xH100"; },
+       [](const sgpu::Options& o) { return o.sim_node == "2xA10"; }, false},
+      {"SGPU_SIM_FAULTS", "rank=1:exit=3@start",
+       [](sgpu::Options& o) { o.sim_faults = "rank=0:exit=2@start"; },
+       [](const sgpu::Options& o) { return o.sim_faults == "rank=1:exit=3@start"; }, false},
+      {"SGPU_SIM_TRANSPORT", "gloo", [](sgpu::Options& o) { o.sim_transport = "shm"; },
+       [](const sgpu::Options& o) { return o.sim_transport == "gloo"; }, false},
+      {"SGPU_SIM_COMPUTE", "values", [](sgpu::Options& o) { o.sim_compute = "shapes"; },
+       [](const sgpu::Options& o) { return o.sim_compute == "values"; }, false},
+      {"SGPU_RUNS_DIR", "/runs", [](sgpu::Options& o) { o.runs_dir = "/mine"; },
+       [](const sgpu::Options& o) { return o.runs_dir == "/runs"; }, false},
+      {"SGPU_TRACKING", "off", [](sgpu::Options& o) { o.tracking = true; },
+       [](const sgpu::Options& o) { return !o.tracking; }, true},
+      {"SGPU_TRACKING", "on", [](sgpu::Options& o) { o.tracking = false; },
+       [](const sgpu::Options& o) { return o.tracking; }, false},
+  };
+  std::set<std::string> covered;
+  for (const Case& c : cases) {
+    covered.insert(c.variable);
+    const ScopedVariable set(c.variable, c.value);
+    sgpu::Options given;
+    c.give(given);
+    EXPECT_EQ(c.took_variable(with_environment(given)), c.decides)
+        << c.variable << "=" << c.value << (c.decides ? " did not override " : " overrode ")
+        << "the option the call gave";
+  }
+  for (const auto& row : option_table()) {
+    if (row.env.empty() || row.env_rule == EnvRule::kMlflow) continue;
+    EXPECT_EQ(covered.count(std::string(row.env)), 1U)
+        << row.env << " has no case here: say how it acts on a given option";
+  }
 }
 
 TEST(OptionTable, AVariableTurnsNothingOnAndOneTheOptionLeavesUnusedIsNotRead) {

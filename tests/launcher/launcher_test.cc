@@ -167,6 +167,21 @@ TEST(Launcher, ARankThatFinishesFirstIsNoFailure) {
   EXPECT_EQ(sgpu::distributed(fn, sim(3)).distributed(400), (std::vector<int>{0, 1, 2}));
 }
 
+// A C++ caller's "never" is the largest duration there is: no deadline, and the longest
+// waits, never a deadline that overflows the clocks and has passed already.
+TEST(Launcher, TheLargestDurationsMeanNoDeadline) {
+  int (*fn)(int) = [](int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return sgpu::global_rank();
+  };
+  auto options = sim(2);
+  options.timeout = std::chrono::milliseconds::max();
+  options.hang_timeout = std::chrono::milliseconds::max();
+  options.teardown_grace = std::chrono::milliseconds::max();
+  options.rdzv_timeout = std::chrono::milliseconds::max();
+  EXPECT_EQ(sgpu::distributed(fn, options).distributed(1500), (std::vector<int>{0, 1}));
+}
+
 // Every listening socket on MASTER_PORT, as the kernel lists it: "tcp 0100007F" is
 // 127.0.0.1, "tcp6 000...000" the IPv6 wildcard (which takes IPv4 too).
 std::vector<std::string> store_listeners() {

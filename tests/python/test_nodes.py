@@ -89,6 +89,25 @@ def test_a_ddp_script_trains_over_two_nodes_with_torchruns_places(tmp_path):
     assert agreed == ["0", "1", "2", "3"], results
 
 
+def test_an_nccl_script_on_two_nodes_puts_each_rank_on_its_nodes_gpu(tmp_path):
+    # The README's pattern: set_device(LOCAL_RANK), then "nccl". Ranks on two nodes share
+    # local ranks, not GPUs.
+    program = script(tmp_path, """
+        import os, torch, torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        total = torch.ones(2, device="cuda")
+        dist.all_reduce(total)
+        print("sum", dist.get_rank(), total.tolist(), flush=True)
+        dist.destroy_process_group()
+        """)
+    results = Launch(tmp_path, program, nnodes=2).finish()
+    assert [code for code, _, _ in results] == [0, 0], results
+    sums = sorted(line.split("sum ", 1)[1] for _, out, _ in results for line in out.splitlines()
+                  if "sum " in line)
+    assert sums == [f"{rank} [4.0, 4.0]" for rank in range(4)], results
+
+
 def test_the_same_launch_from_torchruns_pet_variables(tmp_path):
     port = free_port()
     per_node = {node: {"flags": [], "env": {"PET_NNODES": "2", "PET_NODE_RANK": str(node),

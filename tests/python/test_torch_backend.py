@@ -346,3 +346,54 @@ def test_the_calls_deadline_ends_a_collective_its_group_would_still_wait_on():
         distributed(gpus=2, timeout=6, teardown_grace=0.5)(waits_in_a_collective).distributed()
     assert time.monotonic() - started < 60
     assert [row.kind for row in caught.value.ranks] == ["timed_out", "timed_out"]
+
+
+def waits_for_a_late_peer_in_a_group_of_no_deadline(seconds: float) -> float:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    group = dist.new_group(timeout=datetime.timedelta(seconds=seconds))
+    if dist.get_rank() == 1:
+        time.sleep(1)  # rank 0 waits in the all-reduce for it
+    total = torch.ones(2)
+    dist.all_reduce(total, group=group)
+    dist.destroy_process_group()
+    return total[0].item()
+
+
+@TRANSPORTS
+def test_a_group_timeout_past_a_century_is_no_deadline(transport):
+    # 1e10 s is past what the clocks count in nanoseconds: a group given it waits, as one
+    # given none does, rather than time out at once on a deadline that overflowed.
+    fn = distributed(gpus=2, tracking=False, sim_transport=transport)(
+        waits_for_a_late_peer_in_a_group_of_no_deadline)
+    assert fn.distributed(1e10) == [2.0, 2.0]
+
+
+def late_to_a_monitored_barrier() -> str:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("sgpu")
+    if dist.get_rank() == 1:
+        time.sleep(3)
+    try:
+        dist.group.WORLD.monitored_barrier(timedelta(seconds=1))
+        said = "passed"
+    except RuntimeError as error:
+        said = str(error)
+    dist.destroy_process_group()
+    return said
+
+
+def test_a_monitored_barrier_times_out_in_gloos_words():
+    # torch's suite and programs look for Gloo's words; the shared-memory transport keeps
+    # its verdict after them.
+    said = distributed(gpus=2, tracking=False, sim_transport="shm")(
+        late_to_a_monitored_barrier).distributed()[0]
+    assert said.startswith("Rank 0 timed out in monitoredBarrier after 1000 ms. "), said
+    assert "rank 1 has not arrived" in said, said
