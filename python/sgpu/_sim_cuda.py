@@ -82,8 +82,19 @@ def not_simulated(api: str, why: str) -> errors.NotSimulatedError:
     )
 
 
+# What CUDA's compute-capability table gives every GPU of a capability (the CUDA C++
+# Programming Guide, "Compute Capabilities"): (threads per SM, shared memory per SM, shared
+# memory a block may opt in to).
+_PER_CAPABILITY = {(7, 0): (2048, 98304, 98304), (7, 5): (1024, 65536, 65536),
+                   (8, 0): (2048, 167936, 166912), (8, 6): (1536, 102400, 101376),
+                   (8, 9): (1536, 102400, 101376), (9, 0): (2048, 233472, 232448),
+                   (10, 0): (2048, 233472, 232448), (10, 3): (2048, 233472, 232448)}
+
+
 class _DeviceProperties:
-    """What torch.cuda.get_device_properties() says of a simulated GPU."""
+    """What torch.cuda.get_device_properties() says of a simulated GPU: the type's figures
+    (src/backend/gpu_type.cc's table, and CUDA's per capability); `simulated` is True, and
+    the repr is a GPU's. Clock rates and the memory bus are 0: not modelled."""
 
     def __init__(self, facts: dict):
         self.name = facts["name"]
@@ -93,24 +104,34 @@ class _DeviceProperties:
         self.total_memory = facts["total_memory"]
         self.is_integrated = 0
         self.is_multi_gpu_board = 0
-        self.max_threads_per_multi_processor = 2048
+        threads, shared, optin = _PER_CAPABILITY.get((self.major, self.minor),
+                                                     (2048, 0, 49152))
+        self.max_threads_per_multi_processor = threads
+        self.regs_per_multiprocessor = 65536  # every capability from 5.0 on
         self.gcnArchName = facts["name"]
         self.warp_size = 32
         self.uuid = f"00000000-0000-0000-0000-{facts['index']:012d}"
-        self.L2_cache_size = 0
+        self.pci_bus_id = facts["index"] + 1
+        self.pci_device_id = 0
+        self.pci_domain_id = 0
+        self.L2_cache_size = facts["l2_cache_size"]
         self.clock_rate = 0
         self.memory_clock_rate = 0
         self.memory_bus_width = 0
         self.shared_memory_per_block = 49152
-        self.shared_memory_per_multiprocessor = 0
+        self.shared_memory_per_block_optin = optin
+        self.shared_memory_per_multiprocessor = shared
         self.type = facts["type"]
+        self.simulated = True
 
     def __repr__(self) -> str:
         return (
             f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
             f"total_memory={self.total_memory // (1024 * 1024)}MB, "
             f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
-            "simulated=True)"
+            f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+            f"pci_domain_id={self.pci_domain_id}, "
+            f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)"
         )
 
 

@@ -25,6 +25,7 @@ struct GpuModel {
   int capability_major;  // CUDA compute capability, as torch.cuda.get_device_capability()
   int capability_minor;
   int multi_processor_count;  // streaming multiprocessors
+  std::uint64_t l2_cache_bytes;  // as torch.cuda.get_device_properties().L2_cache_size
 };
 
 // Every type sgpu knows, in table order.

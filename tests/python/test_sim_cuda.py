@@ -31,6 +31,10 @@ def test_torch_cuda_answers_as_the_simulated_node():
             "capabilities": [cuda.get_device_capability(i) for i in range(cuda.device_count())],
             "sms": [cuda.get_device_properties(i).multi_processor_count for i in range(4)],
             "memory": [cuda.get_device_properties(i).total_memory for i in range(4)],
+            "figures": [(p.L2_cache_size, p.regs_per_multiprocessor,
+                         p.max_threads_per_multi_processor, p.shared_memory_per_multiprocessor,
+                         p.simulated, repr(p))
+                        for p in map(cuda.get_device_properties, (0, 2))],
             "bf16": cuda.is_bf16_supported(),
             "initialized": cuda.is_initialized(),
             "accelerator": str(torch.accelerator.current_accelerator()),
@@ -59,6 +63,11 @@ def test_torch_cuda_answers_as_the_simulated_node():
         assert out["names"] == ["NVIDIA H100 80GB HBM3"] * 2 + ["NVIDIA A10"] * 2
         assert out["capabilities"] == [(9, 0), (9, 0), (8, 6), (8, 6)]
         assert out["sms"] == [132, 132, 72, 72]
+        h100, a10 = out["figures"]
+        assert h100[:5] == (50 << 20, 65536, 2048, 233472, True)
+        assert a10[:5] == (6 << 20, 65536, 1536, 102400, True)
+        assert h100[5].startswith("_CudaDeviceProperties(name='NVIDIA H100 80GB HBM3', major=9")
+        assert h100[5].endswith(", L2_cache_size=50MB)") and "simulated" not in h100[5]
         assert out["memory"] == [int(79.11 * 1024) << 20] * 2 + [int(22.30 * 1024) << 20] * 2
         assert out["accelerator"] == "cuda"
         assert out["after_set"] == 3 and out["inside"] == (1, "cuda:1") and out["outside"] == 3
