@@ -288,7 +288,7 @@ class PyCall {
 std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> command,
                               const py::bytes& payload, std::string function_name,
                               std::optional<py::function> console, std::string parent_run_id,
-                              std::vector<std::string> fork_server) {
+                              std::vector<std::string> fork_server, std::string source_name) {
   contract::set_front_end(contract::FrontEnd::kPython);
   launcher::WorkerCall call;
   call.command = std::move(command);
@@ -298,6 +298,7 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
   // ends the run before the interpreter ends as it would have.
   call.caught_signals = launcher::CaughtSignals::kTerminateOnly;
   call.parent_run_id = std::move(parent_run_id);
+  call.source_name = std::move(source_name);
   if (!fork_server.empty()) {  // the program's path, then its whole argv
     call.fork_server.push_back(fork_server.front());
     call.fork_server.insert(call.fork_server.end(), fork_server.begin(), fork_server.end());
@@ -439,6 +440,7 @@ py::list cuda_devices() {
     d["major"] = gpu.capability_major;
     d["minor"] = gpu.capability_minor;
     d["multi_processor_count"] = gpu.multi_processor_count;
+    d["l2_cache_size"] = model != nullptr ? model->l2_cache_bytes : 0;
     out.append(d);
   }
   return out;
@@ -532,7 +534,7 @@ void bind_caller_side(py::module_& m) {
   m.def("start", &start, py::arg("options"), py::arg("command"), py::arg("payload"),
         py::arg("function_name"), py::arg("console") = py::none(),
         py::arg("parent_run_id") = std::string(),
-        py::arg("fork_server") = std::vector<std::string>());
+        py::arg("fork_server") = std::vector<std::string>(), py::arg("source_name") = std::string());
   m.def("option_table", &option_table);
   m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
   m.def("check_options", [](const py::dict& given) {

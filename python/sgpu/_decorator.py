@@ -395,6 +395,19 @@ def _result_of(view: memoryview):
     return _ResultUnpickler(_ViewReader(view)).load()
 
 
+def _source_name() -> str:
+    """What the call's MLflow run names as its source (mlflow.source.name): the notebook a
+    Jupyter kernel runs (JPY_SESSION_NAME, which Jupyter sets to its path), else the script
+    (sys.argv[0], as MLflow's own client names it), else the interpreter (python -c, a REPL)."""
+    notebook = os.environ.get("JPY_SESSION_NAME")
+    if notebook:
+        return notebook
+    script = sys.argv[0] if sys.argv else ""
+    if script and script != "-c" and os.path.exists(script):
+        return os.path.abspath(script)
+    return sys.executable
+
+
 class DistributedFunction:
     """A function with its distributed options. Calling it runs it here, once;
     .distributed(...) runs it on every rank and returns their results; .launch(...) starts
@@ -470,6 +483,7 @@ class DistributedFunction:
             _console,
             parent,
             fork_server_command(),
+            _source_name(),
         )
         _show_link_in_notebook(name, call.tracking_link)
         return Handle(call, name, max_bytes)

@@ -690,8 +690,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
 // Step 4: the call's run exists before any rank starts: one run per launch, node 0's,
 // which the other nodes' ranks log into.
 std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const RankProgram& program,
-                                                  const std::string& parent_run_id,
-                                                  NodeLink* link) {
+                                                  const WorkerCall& front, NodeLink* link) {
   const Options& options = plan.options;
   tracking::CallRunRequest request;
   request.tracking = options.tracking && options.node_rank <= 0;
@@ -702,7 +701,8 @@ std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const Ra
   request.timeout = options.timeout;
   request.backend = plan.backend;
   request.gpu_type = plan.selection.gpu_type;
-  request.parent_run_id = parent_run_id;
+  request.parent_run_id = front.parent_run_id;
+  request.source_name = front.source_name;
   request.sim_node = plan.sim_node;
   // The run's name: Options::name, else the function's plain name or the program's, never
   // a signature; the function param keeps it all.
@@ -749,7 +749,7 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
   }
   if (link) link->agree("");  // every node can serve the launch, or this throws
   std::unique_ptr<tracking::CallRun> tracking =
-      begin_tracking(plan, *program, front.parent_run_id, link.get());
+      begin_tracking(plan, *program, front, link.get());
   try {
     const std::filesystem::path run_dir = make_run_dir(plan.options);
     if (tracking) tracking->hold_in_flight(run_dir);  // ended KILLED should this process die

@@ -48,6 +48,7 @@ struct WorkerCall {
   // Python's SIGINT is left to it (KeyboardInterrupt, on which its handle cancels the call).
   CaughtSignals caught_signals = CaughtSignals::kInterruptAndTerminate;
   std::string parent_run_id;  // the call's run is nested under this one (tracking::CallRunRequest)
+  std::string source_name;    // the run's mlflow.source.name; empty: this process's executable
   // The worker's fork server (its path, then its whole argv: launcher/fork_server.h), used unless
   // the start method is exec; empty: every rank is exec'd.
   std::vector<std::string> fork_server;

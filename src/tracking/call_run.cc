@@ -77,7 +77,15 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
         {"mlflow.source.type", "LOCAL"}, {"sgpu.version", SGPU_VERSION},
         {"sgpu.host", host_name()},
     };
-    for (Tag& tag : tags) all_tags.push_back(std::move(tag));
+    for (Tag& tag : tags) {  // a standard tag given here is replaced, never doubled
+      auto same = std::find_if(all_tags.begin(), all_tags.end(),
+                               [&](const Tag& standard) { return standard.key == tag.key; });
+      if (same != all_tags.end()) {
+        same->value = std::move(tag.value);
+      } else {
+        all_tags.push_back(std::move(tag));
+      }
+    }
     if (!parent.empty()) all_tags.push_back({"mlflow.parentRunId", parent});
     RunInfo info = store->create_run(experiment_id, truncate_value(run_name, kMaxKeyLength),
                                      now_ms(), all_tags);
@@ -100,6 +108,7 @@ std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
   if (!request.tracking || !tracking_enabled_by_environment()) return nullptr;
   std::vector<Tag> tags;
   if (!request.sim_node.empty()) tags.push_back({"sgpu.sim_node", request.sim_node});
+  if (!request.source_name.empty()) tags.push_back({"mlflow.source.name", request.source_name});
   Batch params;
   params.params = {
       {"gpus", std::to_string(request.gpus)},

@@ -44,6 +44,9 @@ struct CallRunRequest {
   // The run this call's run is nested under, as its caller knows it (Python's
   // mlflow.active_run()); empty: the caller's Run scope, else MLFLOW_RUN_ID, else none.
   std::string parent_run_id;
+  // The run's mlflow.source.name, as its front end knows it (a Python caller's script or
+  // notebook); empty: this process's executable.
+  std::string source_name;
 };
 
 // The call's run and store, for the rank logger (tracking/rank_logger.h): MLflow's client

@@ -195,3 +195,20 @@ def test_the_latest_metric_is_mlflows_whatever_the_order_steps_arrive_in(databas
     theirs = {k: twin.get_run(twin_run.info.run_id).data.metrics[k] for k in keys}
     assert ours == theirs
     assert ours["loss"] == 10.0 and ours["same"] == 2.0
+
+
+def test_a_calls_run_names_the_script_or_notebook_it_came_from(database, tmp_path, monkeypatch):
+    # As MLflow's own client names a run's source: the script, not the interpreter; the
+    # notebook a Jupyter kernel runs (JPY_SESSION_NAME).
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    distributed(gpus=1)(logs_loss).distributed()
+    monkeypatch.setenv("JPY_SESSION_NAME", "/Workspace/Users/me/train.ipynb")
+    distributed(gpus=1)(logs_loss).distributed()
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              order_by=["attributes.start_time ASC"])
+    assert [run.data.tags["mlflow.source.name"] for run in runs] == [
+        str(script), "/Workspace/Users/me/train.ipynb"]
