@@ -449,7 +449,17 @@ def _patch_not_simulated(torch) -> None:
     )
     _patch_comm(torch)
     _patch_cudnn(torch)
+    _patch_profiler(torch)
     _patch_compile(torch)
+
+
+def _patch_profiler(torch) -> None:
+    """torch.profiler starts Kineto's CUPTI side wherever torch sees CUDA, and here CUPTI
+    finds no GPU and says so on every rank (CUPTI_ERROR_UNKNOWN, "gpuGetDeviceCount
+    failed"): Kineto's own messages are left out (KINETO_LOG_LEVEL above its errors'),
+    unless the user set the level. A simulated GPU's operators appear as the CPU work they
+    are; the profile's CUDA times are 0."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 
 def _patch_cudnn(torch) -> None:

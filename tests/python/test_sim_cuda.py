@@ -771,3 +771,19 @@ def trains_with_ddp(option: str) -> float:
 def test_ddp_with_unused_parameters_or_a_static_graph_trains(option):
     got = distributed(gpus=2, tracking=False)(trains_with_ddp).distributed(option)
     assert got[0] == got[1]
+
+
+def profiles_a_matmul() -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(64, 64, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        x @ x
+    return sorted({event.key for event in profiled.key_averages()} & {"aten::matmul", "aten::mm"})
+
+
+def test_the_profiler_with_cuda_activity_records_and_says_nothing_of_cupti(capfd):
+    assert distributed(gpus=1, tracking=False)(profiles_a_matmul).distributed() == [
+        ["aten::matmul", "aten::mm"]]
+    said = capfd.readouterr().err
+    assert "CUPTI" not in said and "gpuGetDeviceCount" not in said, said
