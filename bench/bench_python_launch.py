@@ -8,6 +8,9 @@ would. For 1, 2, 4 and 8 ranks (--ranks), timed in this order:
   floor        fork N processes from this interpreter (torch imported, one thread) and
                reap them: what starting N ranks that have torch costs at least
   sgpu warm    @sgpu.distributed, fork server already started (the default start method)
+  + mlflow     the same, of a function that also imports mlflow (the README's quick start
+               logs with it): its fork server imports mlflow once, so a warm call costs
+               what one without the import does (aim: at most 1.5x sgpu warm)
   sgpu exec    @sgpu.distributed(start_method="exec"): N fresh interpreters
   mp.spawn     torch.multiprocessing.spawn(fn, nprocs=N)
   torchrun     torchrun --nproc-per-node N on a script that does the same
@@ -60,8 +63,15 @@ def time_floor(ranks: int) -> float:
     return time.perf_counter() - start
 
 
-def time_sgpu(ranks: int, method: str) -> float:
-    fn = sgpu.distributed(gpus=ranks, start_method=method)(rank_function)
+def rank_function_with_mlflow():
+    import mlflow  # noqa: F401 - what a function that logs does first
+    import torch  # noqa: F401
+
+    return sgpu.get_global_rank()
+
+
+def time_sgpu(ranks: int, method: str, function=rank_function) -> float:
+    fn = sgpu.distributed(gpus=ranks, start_method=method)(function)
     start = time.perf_counter()
     result = fn.distributed()
     elapsed = time.perf_counter() - start
@@ -118,17 +128,20 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.ranks.split(",")]
     sgpu.distributed(gpus=1)(rank_function).distributed()  # the fork server starts here
+    sgpu.distributed(gpus=1)(rank_function_with_mlflow).distributed()  # it imports mlflow
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for ranks in counts:
             row = {"ranks": ranks}
             row["floor"] = median(lambda: time_floor(ranks), args.repeat)
             row["sgpu warm"] = median(lambda: time_sgpu(ranks, "fork-server"), args.repeat)
+            row["+ mlflow"] = median(
+                lambda: time_sgpu(ranks, "fork-server", rank_function_with_mlflow), args.repeat)
             row["sgpu exec"] = median(lambda: time_sgpu(ranks, "exec"), max(args.repeat // 3, 1))
             row["mp.spawn"] = median(lambda: time_mp_spawn(ranks), args.slow_repeat)
             row["torchrun"] = median(lambda: time_torchrun(ranks, folder), args.slow_repeat)
             rows.append(row)
-    names = ["floor", "sgpu warm", "sgpu exec", "mp.spawn", "torchrun"]
+    names = ["floor", "sgpu warm", "+ mlflow", "sgpu exec", "mp.spawn", "torchrun"]
     print(f"{os.cpu_count()} cores; medians; (x) is the ratio to the floor; {hosts_file()}")
     print("ranks " + "".join(f"{n:>22}" for n in names))
     for row in rows:
@@ -137,7 +150,8 @@ def main() -> None:
     last = rows[-1]
     print(f"at {last['ranks']} ranks: sgpu warm is {last['sgpu warm'] / last['floor']:.2f}x the floor "
           f"(aim <= 1.5x), {last['mp.spawn'] / last['sgpu warm']:.0f}x faster than mp.spawn (aim >= 30x), "
-          f"{last['torchrun'] / last['sgpu warm']:.0f}x faster than torchrun")
+          f"{last['torchrun'] / last['sgpu warm']:.0f}x faster than torchrun; a function that "
+          f"imports mlflow: {last['+ mlflow'] / last['sgpu warm']:.2f}x sgpu warm (aim <= 1.5x)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -288,7 +288,8 @@ class PyCall {
 std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> command,
                               const py::bytes& payload, std::string function_name,
                               std::optional<py::function> console, std::string parent_run_id,
-                              std::vector<std::string> fork_server, std::string source_name) {
+                              std::vector<std::string> fork_server, std::string source_name,
+                              std::vector<std::string> server_imports) {
   contract::set_front_end(contract::FrontEnd::kPython);
   launcher::WorkerCall call;
   call.command = std::move(command);
@@ -299,6 +300,7 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
   call.caught_signals = launcher::CaughtSignals::kTerminateOnly;
   call.parent_run_id = std::move(parent_run_id);
   call.source_name = std::move(source_name);
+  call.server_imports = std::move(server_imports);
   if (!fork_server.empty()) {  // the program's path, then its whole argv
     call.fork_server.push_back(fork_server.front());
     call.fork_server.insert(call.fork_server.end(), fork_server.begin(), fork_server.end());
@@ -342,6 +344,9 @@ std::vector<std::string> serve_forks() {
   hooks.before_fork = [] { PyOS_BeforeFork(); };
   hooks.after_fork_parent = [] { PyOS_AfterFork_Parent(); };
   hooks.after_fork_child = [] { PyOS_AfterFork_Child(); };
+  hooks.prepare = [](const std::vector<std::string>& modules) {
+    py::module_::import("sgpu._fork_server").attr("prepare")(modules);
+  };
   hooks.threads_hint = "a module the server imported started them";
   hooks.exec_hint = "Pass start_method=\"exec\", or set SGPU_START_METHOD=exec";
   return launcher::serve_forks(hooks);
@@ -534,7 +539,8 @@ void bind_caller_side(py::module_& m) {
   m.def("start", &start, py::arg("options"), py::arg("command"), py::arg("payload"),
         py::arg("function_name"), py::arg("console") = py::none(),
         py::arg("parent_run_id") = std::string(),
-        py::arg("fork_server") = std::vector<std::string>(), py::arg("source_name") = std::string());
+        py::arg("fork_server") = std::vector<std::string>(), py::arg("source_name") = std::string(),
+        py::arg("server_imports") = std::vector<std::string>());
   m.def("option_table", &option_table);
   m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
   m.def("check_options", [](const py::dict& given) {

@@ -163,8 +163,33 @@ def fork_server_command() -> list:
     return [sys.executable, "-m", "sgpu._fork_server", preload]
 
 
-def _notebook_name() -> str:
-    """The name of the notebook this kernel runs, when the kernel knows it: Jupyter's
+# Modules a rank's function may import that cost seconds to import and leave no thread and
+# no state of the process's environment behind: its fork server imports them once, before
+# it forks the ranks of a call whose function imports them, so that no rank pays for them.
+# (torch the server imports from the start.)
+_SERVER_IMPORTS = ("mlflow",)
+
+
+def _server_imports(function) -> list:
+    """The modules of _SERVER_IMPORTS that `function` imports (an import statement in its
+    code or in a function nested in it)."""
+    import dis
+
+    found = set()
+    codes = [getattr(function, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "IMPORT_NAME":
+                found.add(str(instruction.argval).split(".")[0])
+        codes.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+    return [name for name in _SERVER_IMPORTS if name in found]
+
+
+def _notebook_path() -> str:
+    """The path of the notebook this kernel runs, when the kernel knows it: Jupyter's
     server says it in JPY_SESSION_NAME, VS Code in __vsc_ipynb_file__; else ""."""
     if "ipykernel" not in sys.modules:
         return ""
@@ -177,7 +202,13 @@ def _notebook_name() -> str:
             path = shell.user_ns.get("__vsc_ipynb_file__", "") if shell is not None else ""
         except Exception:
             path = ""
-    name = os.path.basename(str(path))
+    return str(path)
+
+
+def _notebook_name() -> str:
+    """The name of the notebook this kernel runs (_notebook_path), without its folder and
+    its .ipynb; else ""."""
+    name = os.path.basename(_notebook_path())
     return name[:-len(".ipynb")] if name.endswith(".ipynb") else name
 
 
@@ -397,9 +428,9 @@ def _result_of(view: memoryview):
 
 def _source_name() -> str:
     """What the call's MLflow run names as its source (mlflow.source.name): the notebook a
-    Jupyter kernel runs (JPY_SESSION_NAME, which Jupyter sets to its path), else the script
-    (sys.argv[0], as MLflow's own client names it), else the interpreter (python -c, a REPL)."""
-    notebook = os.environ.get("JPY_SESSION_NAME")
+    kernel runs (_notebook_path), else the script (sys.argv[0], as MLflow's own client names
+    it), else the interpreter (python -c, a REPL)."""
+    notebook = _notebook_path()
     if notebook:
         return notebook
     script = sys.argv[0] if sys.argv else ""
@@ -484,6 +515,7 @@ class DistributedFunction:
             parent,
             fork_server_command(),
             _source_name(),
+            _server_imports(self._function),
         )
         _show_link_in_notebook(name, call.tracking_link)
         return Handle(call, name, max_bytes)

@@ -17,6 +17,19 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def prepare(modules: list) -> None:
+    """Before a rank is forked: the modules its call asked the server for (the heavy ones its
+    function imports), imported once here so that no rank of a later call pays for them. One
+    that fails to import is left for the rank, which says so itself."""
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank's own import reports it
+            pass
+
+
 def main() -> None:
     flags = [arg for arg in sys.argv[1:] if arg.startswith("--")]
     preload = [name for arg in sys.argv[1:] if not arg.startswith("--")

@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -337,12 +339,19 @@ class ForkServerStarter final : public RankStarter {
 // ---------------------------------------------------------------------------------------
 // The server's side.
 
+// The server's threads that make a fork unsafe: every one but jemalloc's background thread
+// (pyarrow's allocator starts one at load, and mlflow imports pyarrow), which jemalloc's own
+// fork handlers stop and restart around fork().
 int thread_count() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  int threads = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "jemalloc_bg_thd") ++threads;
   }
-  return 1;
+  return ec ? 1 : threads;
 }
 
 struct Child {
@@ -403,6 +412,18 @@ std::optional<std::vector<std::string>> handle_request(Channel& channel, const M
     return std::nullopt;
   }
   if (request.kind != Message::kSpawn) return std::nullopt;
+  if (hooks.prepare) {
+    const std::string name = std::string(kForkServerImportsVar) + "=";
+    for (const std::string& var : request.env) {
+      if (var.rfind(name, 0) != 0) continue;
+      std::vector<std::string> modules;
+      std::stringstream names(var.substr(name.size()));
+      for (std::string module; std::getline(names, module, ',');) {
+        if (!module.empty()) modules.push_back(module);
+      }
+      hooks.prepare(modules);
+    }
+  }
   Message reply;
   if (fds.size() != 2) {
     reply = Message{.kind = Message::kError,

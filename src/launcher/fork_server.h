@@ -30,6 +30,10 @@
 namespace sgpu::launcher {
 
 inline constexpr const char* kForkServerRole = "fork-server";
+// In a rank's environment: modules (comma-separated) its fork server imports before it forks
+// the rank, if it has not yet (ForkHooks::prepare), so that every later call's ranks find
+// them loaded. A Python call names the heavy ones its function imports (mlflow).
+inline constexpr const char* kForkServerImportsVar = "SGPU_FORK_SERVER_IMPORTS";
 
 // A starter whose ranks come from this caller's fork server, started on first use.
 std::unique_ptr<RankStarter> make_fork_server_starter();
@@ -52,6 +56,9 @@ struct ForkHooks {
   std::function<void()> before_fork;        // e.g. PyOS_BeforeFork
   std::function<void()> after_fork_parent;  // PyOS_AfterFork_Parent
   std::function<void()> after_fork_child;   // PyOS_AfterFork_Child
+  // Before a rank is forked: the modules kForkServerImportsVar names in its environment,
+  // for the host to import in the server (before the check for threads).
+  std::function<void(const std::vector<std::string>& modules)> prepare;
   std::string threads_hint;                 // who may have started the threads found
   std::string exec_hint;                    // how to ask for the exec start method
 };

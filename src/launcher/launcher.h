@@ -52,6 +52,8 @@ struct WorkerCall {
   // The worker's fork server (its path, then its whole argv: launcher/fork_server.h), used unless
   // the start method is exec; empty: every rank is exec'd.
   std::vector<std::string> fork_server;
+  // Modules the fork server imports before it forks the ranks (kForkServerImportsVar).
+  std::vector<std::string> server_imports;
 };
 std::shared_ptr<detail::Call> start_worker_call(const Options& options, WorkerCall call);
 

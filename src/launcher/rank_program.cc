@@ -166,6 +166,7 @@ class WorkerRanks final : public RankProgram {
       : command_(call.command),
         function_name_(call.function_name),
         fork_server_(call.fork_server),
+        server_imports_(call.server_imports),
         payload_(std::move(payload)) {}
 
   const char* role() const override { return "worker"; }
@@ -207,10 +208,20 @@ class WorkerRanks final : public RankProgram {
     return StackTarget{slot.rank, slot.pid, slot.folder.dir, true};
   }
 
+  void add_environment(const RankSlot& /*slot*/, Variables& vars) const override {
+    if (server_imports_.empty()) return;
+    std::string modules;
+    for (const std::string& module : server_imports_) {
+      modules += (modules.empty() ? "" : ",") + module;
+    }
+    vars.emplace_back(kForkServerImportsVar, modules);
+  }
+
  private:
   const std::vector<std::string> command_;
   const std::string function_name_;
   const std::vector<std::string> fork_server_;
+  const std::vector<std::string> server_imports_;
   std::string payload_;
 };
 

@@ -724,3 +724,19 @@ def test_no_process_a_rank_started_outlives_the_call(ending, double_fork, method
             leaves_a_daemon.distributed()
     assert wait_until(lambda: processes_with_marker(f"SGPU_TEST_MARKER={marker}") == [],
                       limit=10), processes_with_marker(f"SGPU_TEST_MARKER={marker}")
+
+
+def finds_mlflow_loaded() -> bool:
+    import sys
+
+    loaded = "mlflow" in sys.modules
+    import mlflow  # noqa: F401 - as a function that logs does
+
+    return loaded
+
+
+def test_the_fork_server_imports_mlflow_for_a_function_that_imports_it():
+    # mlflow costs seconds to import (it imports pandas and pyarrow): the ranks of a
+    # function that imports it fork from a server that has, so no rank pays for it again.
+    forked = os.environ.get("SGPU_START_METHOD") != "exec"
+    assert distributed(gpus=2, tracking=False)(finds_mlflow_loaded).distributed() == [forked] * 2

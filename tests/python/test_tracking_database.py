@@ -201,12 +201,14 @@ def test_a_calls_run_names_the_script_or_notebook_it_came_from(database, tmp_pat
     # As MLflow's own client names a run's source: the script, not the interpreter; the
     # notebook a Jupyter kernel runs (JPY_SESSION_NAME).
     import sys
+    import types
 
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")
     monkeypatch.setattr(sys, "argv", [str(script)])
     distributed(gpus=1)(logs_loss).distributed()
     monkeypatch.setenv("JPY_SESSION_NAME", "/Workspace/Users/me/train.ipynb")
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # a kernel
     distributed(gpus=1)(logs_loss).distributed()
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
                               order_by=["attributes.start_time ASC"])
