@@ -169,7 +169,31 @@ def _patch_device_calls(torch, native, count: int) -> None:
     C._cuda_isCurrentStreamCapturing = lambda: False
 
 
+def _event_class(torch):
+    class EventType(type):
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, torch.Event) and obj.device.type == "cuda"
+
+    class Event(metaclass=EventType):
+        """torch.cuda.Event on a simulated GPU: a torch.Event on cuda (torch's methods take
+        no subclass of it), recorded when issued; elapsed_time() is the wall clock's between
+        two records."""
+
+        def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+            if interprocess:
+                raise not_simulated("torch.cuda.Event(interprocess=True)", "is CUDA IPC")
+            return torch.Event(device="cuda", enable_timing=enable_timing, blocking=blocking)
+
+        @classmethod
+        def from_ipc_handle(cls, device, handle):
+            raise not_simulated("torch.cuda.Event.from_ipc_handle", "is CUDA IPC")
+
+    return Event
+
+
 def _patch_streams(torch, native) -> None:
+    Event = _event_class(torch)
+
     class Stream(torch.Stream):
         """torch.cuda.Stream on a simulated GPU: work is done when it is issued, so a stream
         orders nothing and every wait returns at once. Its priority is kept, as a GPU's
@@ -223,24 +247,6 @@ def _patch_streams(torch, native) -> None:
     class ExternalStream(Stream):
         def __new__(cls, stream_ptr, device=None, **kwargs):
             raise not_simulated("torch.cuda.ExternalStream", "wraps a stream of the CUDA runtime")
-
-    class EventType(type):
-        def __instancecheck__(cls, obj) -> bool:
-            return isinstance(obj, torch.Event) and obj.device.type == "cuda"
-
-    class Event(metaclass=EventType):
-        """torch.cuda.Event on a simulated GPU: a torch.Event on cuda (torch's methods take
-        no subclass of it), recorded when issued; elapsed_time() is the wall clock's between
-        two records."""
-
-        def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
-            if interprocess:
-                raise not_simulated("torch.cuda.Event(interprocess=True)", "is CUDA IPC")
-            return torch.Event(device="cuda", enable_timing=enable_timing, blocking=blocking)
-
-        @classmethod
-        def from_ipc_handle(cls, device, handle):
-            raise not_simulated("torch.cuda.Event.from_ipc_handle", "is CUDA IPC")
 
     def set_stream(stream_id=0, device_index=0, device_type=1):
         native.cuda_set_stream(stream_id, device_index, device_type)

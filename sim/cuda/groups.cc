@@ -16,7 +16,6 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <map>
 #include <memory>
@@ -24,6 +23,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <utility>
 #include <vector>
 
@@ -94,14 +94,22 @@ class GpuCheck {
 namespace nccl_rules {
 
 void check_dtype(const at::Tensor& t) {
-  static const std::set<c10::ScalarType> taken = {
-      c10::kChar, c10::kByte, c10::kFloat, c10::kDouble, c10::kInt,
-      c10::kLong, c10::kHalf, c10::kBool, c10::kBFloat16, c10::ScalarType::Float8_e5m2,
-      c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e4m3fnuz,
-      c10::ScalarType::Float8_e5m2fnuz};
-  TORCH_CHECK_WITH(TypeError, taken.count(t.scalar_type()) != 0,
-                   "Input tensor data type is not supported for NCCL process group: ",
-                   t.scalar_type());
+  static const std::set<c10::ScalarType> taken = {c10::kChar,
+                                                  c10::kByte,
+                                                  c10::kFloat,
+                                                  c10::kDouble,
+                                                  c10::kInt,
+                                                  c10::kLong,
+                                                  c10::kHalf,
+                                                  c10::kBool,
+                                                  c10::kBFloat16,
+                                                  c10::ScalarType::Float8_e5m2,
+                                                  c10::ScalarType::Float8_e4m3fn,
+                                                  c10::ScalarType::Float8_e4m3fnuz,
+                                                  c10::ScalarType::Float8_e5m2fnuz};
+  TORCH_CHECK_WITH(
+      TypeError, taken.count(t.scalar_type()) != 0,
+      "Input tensor data type is not supported for NCCL process group: ", t.scalar_type());
 }
 
 void check_contiguous(const at::Tensor& t) {
@@ -163,8 +171,8 @@ at::Tensor stand_in(const at::Tensor& t, const c10d::ReduceOp& op, bool input) {
   return input && op == c10d::ReduceOp::PREMUL_SUM ? scaled(wide, op) : wide;
 }
 
-std::vector<at::Tensor> stand_ins(const std::vector<at::Tensor>& tensors,
-                                  const c10d::ReduceOp& op, bool input) {
+std::vector<at::Tensor> stand_ins(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                  bool input) {
   std::vector<at::Tensor> out;
   out.reserve(tensors.size());
   for (const at::Tensor& t : tensors) out.push_back(stand_in(t, op, input));
@@ -183,6 +191,20 @@ c10::intrusive_ptr<c10d::Work> rounded_into(c10::intrusive_ptr<c10d::Work> work,
   work->wait();
   for (std::size_t i = 0; i < targets.size(); ++i) targets[i].copy_(results[i]);
   return work;
+}
+
+// A reduction of `tensors` in place (all_reduce, reduce) made on stand-ins by `reduction`
+// (the group's own method, given the stand-ins and the op they take), their results
+// rounded back into `tensors` where `writes_here` (NCCL's reduce writes the root's only).
+template <typename Options, typename Reduction>
+c10::intrusive_ptr<c10d::Work> in_place(std::vector<at::Tensor>& tensors, const Options& opts,
+                                        bool writes_here, Reduction reduction) {
+  std::vector<at::Tensor> wide = stand_ins(tensors, opts.reduceOp, true);
+  Options sum = opts;
+  sum.reduceOp = on_stand_ins(opts.reduceOp);
+  c10::intrusive_ptr<c10d::Work> work = reduction(wide, sum);
+  if (!writes_here) return work;
+  return rounded_into(std::move(work), tensors, wide);
 }
 
 }  // namespace nccl_rules
@@ -298,10 +320,9 @@ class CudaGroup final : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
     if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
-      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
-      c10d::AllreduceOptions sum = opts;
-      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
-      return nccl_rules::rounded_into(allreduce(wide, sum), tensors, wide);
+      return nccl_rules::in_place(tensors, opts, true, [this](auto& wide, const auto& sum) {
+        return allreduce(wide, sum);
+      });
     }
     return on_views([&](Taken& take) {
       auto v = take(tensors);
@@ -312,10 +333,9 @@ class CudaGroup final : public c10d::Backend {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
     if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
-      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
-      c10d::AllreduceCoalescedOptions sum = opts;
-      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
-      return nccl_rules::rounded_into(allreduce_coalesced(wide, sum), tensors, wide);
+      return nccl_rules::in_place(tensors, opts, true, [this](auto& wide, const auto& sum) {
+        return allreduce_coalesced(wide, sum);
+      });
     }
     return on_views([&](Taken& take) {
       auto v = take(tensors);
@@ -326,12 +346,9 @@ class CudaGroup final : public c10d::Backend {
                                         const c10d::ReduceOptions& opts) override {
     if (nccl_) nccl_rules::check_op(opts.reduceOp, tensors);
     if (nccl_ && nccl_rules::needs_stand_ins(opts.reduceOp, tensors)) {
-      auto wide = nccl_rules::stand_ins(tensors, opts.reduceOp, true);
-      c10d::ReduceOptions sum = opts;
-      sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
-      auto work = reduce(wide, sum);
-      if (getRank() != opts.rootRank) return work;  // NCCL writes the root's tensor only
-      return nccl_rules::rounded_into(std::move(work), tensors, wide);
+      return nccl_rules::in_place(
+          tensors, opts, getRank() == opts.rootRank,
+          [this](auto& wide, const auto& sum) { return reduce(wide, sum); });
     }
     return on_views([&](Taken& take) {
       auto v = take(tensors);

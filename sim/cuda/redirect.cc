@@ -64,7 +64,6 @@ at::Tensor as_cuda(const at::Tensor& cpu, c10::Device device) {
   return at::Tensor(std::move(impl));
 }
 
-
 // Copies, which CUDA runs between any two GPUs of a process (peer copies): their tensors
 // may be on different cuda devices.
 bool copies_between_devices(const c10::OperatorName& name) {
@@ -76,7 +75,7 @@ bool copies_between_devices(const c10::OperatorName& name) {
 // Indexing, whose CUDA kernels take indices on the CPU or on the indexed tensor's GPU.
 bool indexes(const c10::OperatorName& name) {
   static const std::set<std::string> names = {
-      "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::index",     "aten::index_put_",    "aten::_index_put_impl_",
       "aten::index_put", "aten::_unsafe_index", "aten::_unsafe_index_put"};
   return names.count(name.name) != 0;
 }

@@ -24,7 +24,7 @@ struct GpuModel {
   std::uint64_t capacity_bytes;
   int capability_major;  // CUDA compute capability, as torch.cuda.get_device_capability()
   int capability_minor;
-  int multi_processor_count;  // streaming multiprocessors
+  int multi_processor_count;     // streaming multiprocessors
   std::uint64_t l2_cache_bytes;  // as torch.cuda.get_device_properties().L2_cache_size
 };
 

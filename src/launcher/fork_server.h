@@ -59,8 +59,8 @@ struct ForkHooks {
   // Before a rank is forked: the modules kForkServerImportsVar names in its environment,
   // for the host to import in the server (before the check for threads).
   std::function<void(const std::vector<std::string>& modules)> prepare;
-  std::string threads_hint;                 // who may have started the threads found
-  std::string exec_hint;                    // how to ask for the exec start method
+  std::string threads_hint;  // who may have started the threads found
+  std::string exec_hint;     // how to ask for the exec start method
 };
 
 // The server loop, in a process started as a fork server (SGPU_ROLE=fork-server, the

@@ -748,8 +748,7 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
     throw;
   }
   if (link) link->agree("");  // every node can serve the launch, or this throws
-  std::unique_ptr<tracking::CallRun> tracking =
-      begin_tracking(plan, *program, front, link.get());
+  std::unique_ptr<tracking::CallRun> tracking = begin_tracking(plan, *program, front, link.get());
   try {
     const std::filesystem::path run_dir = make_run_dir(plan.options);
     if (tracking) tracking->hold_in_flight(run_dir);  // ended KILLED should this process die
