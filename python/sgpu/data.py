@@ -19,6 +19,7 @@ all ranks and workers. Each file is copied into a local cache folder before it i
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import math
 import os
 import tempfile
@@ -48,15 +49,27 @@ def _place() -> tuple[int, int]:
 
 
 def _list(root: str, glob: str | None) -> list:
-    """The files under `root` matching `glob` that the volume lists, sorted."""
+    """(relative path, size, modification time in ns) of the files under `root` matching
+    `glob` that the volume lists, sorted by path."""
     found = []
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
-            if (glob is None or fnmatch.fnmatch(name, glob)) and \
-                    _volume.listed(path, os.stat(path).st_mtime_ns):
-                found.append(os.path.relpath(path, root))
+            if glob is not None and not fnmatch.fnmatch(name, glob):
+                continue
+            facts = os.stat(path)
+            if _volume.listed(path, facts.st_mtime_ns):
+                found.append((os.path.relpath(path, root), facts.st_size, facts.st_mtime_ns))
     return sorted(found)
+
+
+def _fingerprint(listing: list) -> str:
+    """SHA-256 of a listing's relative paths, sizes and modification times, in order: what
+    a loader state was taken over (DataLoader.state_dict)."""
+    digest = hashlib.sha256()
+    for name, size, mtime_ns in listing:
+        digest.update(os.fsencode(name) + b"\0" + f"{size} {mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 class VolumeDataset(torch.utils.data.IterableDataset):
@@ -74,16 +87,20 @@ class VolumeDataset(torch.utils.data.IterableDataset):
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"{self.root} is not a folder: VolumeDataset reads the files "
                                     "of a volume's folder")
-        self.files = _list(self.root, glob)
+        listing = _list(self.root, glob)
         if _place()[1] > 1:
             # One listing for every rank (rank 0's): a volume that lists a new file late
             # would otherwise give ranks different lists, and files would be read twice or
             # never.
             import torch.distributed as dist
 
-            shared = [self.files]
+            shared = [listing]
             dist.broadcast_object_list(shared, src=0)
-            self.files = shared[0]
+            listing = shared[0]
+        self.files = [name for name, _, _ in listing]
+        self._mtimes = [mtime_ns for _, _, mtime_ns in listing]
+        self.listing = _fingerprint(listing)  # the files, their sizes and times, as listed
+        self.newest_mtime_ns = max(self._mtimes, default=0)
         self._cache = os.fspath(cache_dir) if cache_dir is not None else None
         self._cache_named = True if cache_dir is not None else None  # None: not decided yet
         self._skip: dict[int, int] = {}  # worker -> items to skip once (a resumed epoch)
@@ -101,6 +118,10 @@ class VolumeDataset(torch.utils.data.IterableDataset):
 
     def part(self, rank: int, world: int, worker: int, workers: int) -> list:
         return partition(self.files, rank, world, worker, workers)
+
+    def written_after(self, mtime_ns: int) -> list:
+        """The files of the listing modified after `mtime_ns` (by the volume's clock)."""
+        return [name for name, when in zip(self.files, self._mtimes) if when > mtime_ns]
 
     def _caches(self) -> bool:
         """Whether files are copied into the cache: when it was named, when the volume is
@@ -162,7 +183,14 @@ class DataLoader(torch.utils.data.DataLoader):
     - logs `fetch_seconds` (the time the training loop waited for batches in the epoch) to
       the call's run at each epoch's end, step = the epoch;
     - resumes: state_dict() says how many batches of the epoch were taken;
-      load_state_dict() makes the next iteration continue with the next one.
+      load_state_dict() makes the next iteration continue with the next one. The state
+      carries a fingerprint of the folder's listing (`listing`: each file's relative path,
+      size and modification time, so a file rewritten or touched counts as changed, one
+      rewritten within the same clock tick with its size kept does not); a state taken
+      mid-epoch is refused over a folder that no longer matches it (files are skipped by
+      their place in the list). A state taken between epochs loads over any folder, and
+      a state saved before states carried the fingerprint loads with only its file count
+      checked.
     """
 
     def __init__(self, dataset: VolumeDataset, batch_size: int | None = 1, *,
@@ -247,18 +275,45 @@ class DataLoader(torch.utils.data.DataLoader):
         rank, world = _place()
         return {"epoch": self.epoch, "batches": self._taken, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "rank": rank, "world_size": world,
-                "files": len(self.dataset)}
+                "files": len(self.dataset), "listing": self.dataset.listing,
+                "newest_mtime_ns": self.dataset.newest_mtime_ns}
+
+    def _folder_changes(self, state: dict) -> str | None:
+        """How the dataset's folder differs from the one `state` was taken over, or None
+        where it matches (as far as the state can tell: an older one has only a count)."""
+        then, now = state.get("files"), len(self.dataset)
+        if then == now and state.get("listing", self.dataset.listing) == self.dataset.listing:
+            return None
+        said = (f"{then} files then, {now} now" if then != now else
+                f"{now} files then and now, but a name, size or modification time differs")
+        if "newest_mtime_ns" in state:
+            newer = self.dataset.written_after(int(state["newest_mtime_ns"]))
+            if newer:
+                more = f" and {len(newer) - 5} more" if len(newer) > 5 else ""
+                said += f"; written since: {', '.join(newer[:5])}{more}"
+        return said
 
     def load_state_dict(self, state: dict) -> None:
         rank, world = _place()
         mine = {"num_workers": self.num_workers, "batch_size": self.batch_size, "rank": rank,
-                "world_size": world, "files": len(self.dataset)}
+                "world_size": world}
         differs = {key: (state.get(key), value) for key, value in mine.items()
                    if state.get(key) != value}
         if differs:
             said = ", ".join(f"{key} {was} then, {now} now" for key, (was, now) in differs.items())
             raise ValueError(f"this loader state cannot resume here ({said}): the files each "
                              "worker reads would differ")
+        # Mid-epoch, each worker skips what it had read by its place in the list; between
+        # epochs nothing is skipped and the next epoch reads the folder as it is.
+        changed = self._folder_changes(state) if int(state["batches"]) > 0 else None
+        if changed:
+            raise ValueError(
+                f"{self.dataset.root} no longer holds the files this loader state was taken "
+                f"over ({changed}): resuming epoch {state['epoch']} after batch "
+                f"{state['batches']} skips what was read by its place in that listing, so the "
+                "rest of the epoch would not be the rest of the saved one (files read twice, "
+                "never, or with other contents). Restore the folder as it was, or start the "
+                "epoch over from its first batch with load_state_dict(dict(state, batches=0))")
         if getattr(self, "_iterator", None) is not None:  # persistent workers: start anew
             self._iterator._shutdown_workers()
             self._iterator = None

@@ -1,6 +1,7 @@
 """sgpu.data: every file of a volume's folder is read exactly once per epoch across ranks and
 loader workers, in UCVolumeDataset's split; a loader stopped at any batch resumes with the
-identical sequence; the ranks' worker counts must agree; files come from a local cache."""
+identical sequence, and refuses to resume mid-epoch over a folder whose files changed; the
+ranks' worker counts must agree; files come from a local cache."""
 
 import os
 import pathlib
@@ -144,3 +145,64 @@ def test_a_loader_with_live_workers_resumes_from_a_state_given_it(tmp_path):
     loader.load_state_dict(state)  # its workers, alive from the epoch before, start anew
     assert epoch_of(loader) == whole[3:]
     assert epoch_of(loader) == whole
+
+
+def stopped_after(root: pathlib.Path, batches: int) -> dict:
+    """The state of a loader over `root` stopped after `batches` batches of its first epoch."""
+    loader = DataLoader(VolumeDataset(root), batch_size=2, num_workers=0)
+    for taken, _ in enumerate(loader, start=1):
+        if taken == batches:
+            break
+    return loader.state_dict()
+
+
+def rewrite(path: pathlib.Path, contents: bytes) -> None:
+    """`path` written again with `contents`, a second later than it was (a file system's
+    clock can be too coarse to tell two writes a moment apart)."""
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    path.write_bytes(contents)
+    later = max(before, path.stat().st_mtime_ns) + 10**9
+    os.utime(path, ns=(later, later))
+
+
+def test_a_loader_state_refuses_to_resume_over_a_folder_whose_files_changed(tmp_path):
+    # Each change between the save and the resume: a file rewritten with other contents of
+    # the same size, one added (sorted first: every later file moves), one removed.
+    changes = {
+        "rewritten": (lambda root: rewrite(root / "f002.bin", b"zzz"), "f002.bin"),
+        "added": (lambda root: rewrite(root / "a-new.bin", b"new"), "a-new.bin"),
+        "removed": (lambda root: (root / "f004.bin").unlink(), "6 files then, 5 now"),
+    }
+    for case, (change, named) in changes.items():
+        root = volume(tmp_path / case, 6)
+        state = stopped_after(root, 2)
+        change(root)
+        loader = DataLoader(VolumeDataset(root), batch_size=2, num_workers=0)
+        with pytest.raises(ValueError) as refused:
+            loader.load_state_dict(state)
+        said = str(refused.value)
+        assert f"{root} no longer holds the files" in said, case
+        assert named in said, case
+        assert "Restore the folder" in said and "dict(state, batches=0)" in said, case
+        # The way out it names: the epoch over, from its first batch, over the folder as it is.
+        loader.load_state_dict(dict(state, batches=0))
+        assert sorted(n for b in epoch_of(loader) for n in b) == sorted(p.name for p in root.iterdir())
+
+
+def test_an_epoch_boundary_state_and_an_older_state_without_a_listing_still_load(tmp_path):
+    root = volume(tmp_path / "vol", 6)
+    loader = DataLoader(VolumeDataset(root), batch_size=2, num_workers=0)
+    epoch_of(loader)
+    between_epochs = loader.state_dict()
+    mid_epoch = stopped_after(root, 1)
+    rewrite(root / "f002.bin", b"zzz")
+    rewrite(root / "f100.bin", b"new")
+    # Between epochs nothing of the epoch was read: the next one reads the folder as it is.
+    resumed = DataLoader(VolumeDataset(root), batch_size=2, num_workers=0)
+    resumed.load_state_dict(between_epochs)
+    assert resumed.epoch == 1 and len([n for b in epoch_of(resumed) for n in b]) == 7
+    # A state saved before states carried their listing cannot tell: it loads as it did.
+    older = {key: value for key, value in mid_epoch.items()
+             if key not in ("listing", "newest_mtime_ns")}
+    older["files"] = 7
+    DataLoader(VolumeDataset(root), batch_size=2, num_workers=0).load_state_dict(older)
