@@ -1,6 +1,8 @@
 """A soak job's caller: makes its calls back to back through @sgpu.distributed, in one
 process (one fork server for them all), and says on stdout, one JSON line each, when a call
 starts and how it ended, with this process's descriptors and zombie children after it.
+The checkpoint case is two calls said as one: one whose rank dies in a save, and one that
+resumes from the checkpoints it left.
 
     caller.py JOB.json"""
 
@@ -52,12 +54,40 @@ def outcome_of(error: BaseException) -> dict:
 
 def make(call: dict, options: dict) -> dict:
     """Makes the call; what it returned or raised, as the soak reads it."""
-    handle = function = None
+    return launch(options, work.work, call["dir"], call["elements"], call["steps"], call["pause"],
+                  b"\x5a" * call["blob_bytes"], daemon=call["case"] == "daemon",
+                  exit_rank=call["exit_rank"])
+
+
+def make_checkpointed(call: dict, options: dict) -> dict:
+    """The checkpoint case: the call whose rank dies in a save, then what latest() names,
+    then a call that resumes from it and what latest() names after that; as the soak reads
+    them (the resume's outcome under "resumed")."""
+    from sgpu.checkpoint import latest
+
+    root = os.path.join(call["dir"], "checkpoints")
+
+    def newest():
+        found = latest(root)
+        return os.path.basename(found) if found else None
+
+    found = launch(options, work.checkpointed, call["dir"], root, call["elements"], call["steps"],
+                   call["exit_rank"], call["die_in_save"], call["die_at"], call["fault_code"])
+    found["latest"] = newest()
+    resume_dir = os.path.join(call["dir"], "resume")
+    found["resumed"] = launch(dict(options, name=f"{call['name']}-resume"), work.checkpointed,
+                              resume_dir, root, call["elements"], call["steps"])
+    found["latest_after"] = newest()
+    return found
+
+
+def launch(options: dict, function, *args, **kwargs) -> dict:
+    """Calls `function` through @sgpu.distributed(**options); what it returned or raised,
+    as the soak reads it."""
+    handle = decorated = None
     try:
-        function = sgpu.distributed(**options)(work.work)
-        handle = function.launch(call["dir"], call["elements"], call["steps"], call["pause"],
-                                 b"\x5a" * call["blob_bytes"], daemon=call["case"] == "daemon",
-                                 exit_rank=call["exit_rank"])
+        decorated = sgpu.distributed(**options)(function)
+        handle = decorated.launch(*args, **kwargs)
         results = handle.result()
         found = {"status": "ok", "results": results}
     except sgpu.Error as error:  # every error sgpu raises, a rank's own re-raised included
@@ -65,7 +95,7 @@ def make(call: dict, options: dict) -> dict:
     except Exception as error:  # a rank's own exception, raised as itself
         found = outcome_of(error)
     found["run_dir"] = handle.run_dir if handle is not None else ""
-    del handle, function  # what the call holds goes with them
+    del handle, decorated  # what the call holds goes with them
     return found
 
 
@@ -96,6 +126,8 @@ def main() -> None:
     # The fork server first, so that every call's descriptors compare with the same start.
     sgpu.distributed(gpus=1, tracking=False, runs_dir=job["calls"][0]["runs_dir"] + "-warm-up")(
         sgpu.get_global_rank).distributed()
+    if any(call["case"] == "checkpoint" for call in job["calls"]):
+        from sgpu import checkpoint  # noqa: F401  (torch's checkpoint modules: before the count)
     say(event="ready", descriptors=descriptors())
     for index, call in enumerate(job["calls"]):
         options = dict(gpus=call["world"], timeout=call["timeout"], hang_timeout=call["hang_timeout"],
@@ -104,6 +136,8 @@ def main() -> None:
         say(event="start", call=index)
         if call["case"] == "fork":  # the call from a forked child of this caller
             found = in_a_forked_child(lambda: make(call, options))
+        elif call["case"] == "checkpoint":
+            found = make_checkpointed(call, options)
         else:
             found = make(call, options)
         say(event="end", call=index, descriptors=descriptors(), zombies=zombie_children(), **found)

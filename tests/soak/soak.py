@@ -1,10 +1,12 @@
 """The chaos soak: calls launched back to back and side by side (through the Python
 decorator, the C++ one and sgpu run), with random world sizes,
 payloads, fault plans and kills (of ranks, of the fork server, of the caller), CPU
-oversubscription, and a runs folder on a filesystem too small for the call; after every
-call, its outcome is checked against the one its plan implies and nothing of it may be
-left (process, zombie, descriptor, run folder), and after every round of calls nothing of
-any call (listening port, shared-memory file); at the end every tracked run has ended.
+oversubscription, a runs folder on a filesystem too small for the call, and DCP
+checkpoints saved through sgpu.checkpoint with a rank dying mid-save, then resumed from;
+after every call, its outcome is checked against the one its plan implies and nothing of
+it may be left (process, zombie, descriptor, run folder), and after every round of calls
+nothing of any call (a listening socket of the soak's processes, a shared-memory file);
+at the end every tracked run has ended.
 
     soak.py --sgpu build/bin/sgpu [--cpp-caller build/bin/sgpu_soak_caller] --calls 40
             [--seed S] [--parallel 2] [--max-gpus 4]
@@ -21,6 +23,7 @@ import pathlib
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,7 +34,8 @@ from typing import Optional
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
-from process_table import alive, is_fork_server, processes_with_marker, wait_until  # noqa: E402
+from process_table import (alive, is_fork_server, processes, processes_with_marker,  # noqa: E402
+                           wait_until)
 MARKER = "SGPU_SOAK_MARKER"
 SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
 GONE_WITHIN = 15.0  # seconds a call's processes may take to go once its caller has its outcome
@@ -57,9 +61,14 @@ class Call:
     full_disk: bool = False
     # One of the cases a user broke before: "sys_exit" (a rank ends by sys.exit), "daemon"
     # (each rank starts a process in a session of its own), "fork" (the caller makes the
-    # call from a forked child of itself: its run id must be its own).
+    # call from a forked child of itself: its run id must be its own), "checkpoint" (2
+    # ranks save a DCP checkpoint a step, `steps` of them; rank exit_rank ends itself with
+    # exit code fault_code at write point die_at of save die_in_save; a second call,
+    # NAME-resume, resumes from sgpu.checkpoint.latest()).
     case: str = ""
     exit_rank: int = -1
+    die_in_save: int = 0
+    die_at: str = ""  # VolumeWriter's on_write_point: staged, copied, published
     timeout: float = 240.0
     hang_timeout: float = 6.0
     dir: str = ""
@@ -87,7 +96,7 @@ class Soak:
         self.problems = []
         self.expected_status = {}  # run name -> the MLflow status its run must end with
         self.lock = threading.Lock()
-        self.baseline_ports = listening_ports()
+        self.baseline_sockets = set(listening_sockets(self.own_processes()))
         self.baseline_shm = shm_files()
         self.next_job = 0
 
@@ -103,7 +112,9 @@ class Soak:
         call.dir = str(job.dir / call.name)
         call.runs_dir = str(job.dir / "runs")
         roll = r.random()
-        if roll < 0.25:
+        if job.kind == "decorator" and r.random() < 0.25:  # a quarter of Python's calls
+            self.plan_checkpoint(call)
+        elif roll < 0.25:
             # A call that succeeds, or one of the cases: a daemon left by every rank (which
             # must not outlive the call), a forked caller (Python's), a rank's sys.exit.
             cases = [""] + (["daemon"] if job.kind != "cpp-decorator" else []) + (
@@ -119,7 +130,8 @@ class Soak:
             call.kill = ("server", r.choice(list(SIGNALS)))
         else:
             call.kill = ("caller", r.choice(list(SIGNALS)))
-        if self.small is not None and call.kill is None and not call.plan and r.random() < 0.15:
+        if self.small is not None and call.kill is None and not call.plan and \
+                call.case != "checkpoint" and r.random() < 0.15:
             call.full_disk = True
             call.runs_dir = str(self.small / f"job-{job.id}")
             if job.kind in DECORATORS:
@@ -127,6 +139,19 @@ class Soak:
             else:
                 call.chatter = 25000  # more log than it holds (2.9 MB a rank): the call goes on
         return call
+
+    def plan_checkpoint(self, call: Call) -> None:
+        """The checkpoint case, small: 2 ranks, a few elements each, 2 or 3 saves; the rank,
+        the save and the write point it dies at (published: on the coordinator, rank 0,
+        once `.metadata` is in place) drawn from the seed."""
+        r = self.random
+        call.case, call.world, call.blob_bytes = "checkpoint", 2, 0
+        call.elements = r.choice([1, 7, 64])
+        call.steps = r.randint(2, 3)
+        call.exit_rank = r.randrange(call.world)
+        call.die_in_save = r.randint(1, call.steps)
+        call.die_at = r.choice(["staged", "copied"] + (["published"] if call.exit_rank == 0 else []))
+        call.fault_code = r.randint(3, 60)
 
     def plan_fault(self, call: Call) -> None:
         r = self.random
@@ -333,6 +358,9 @@ class Soak:
             return {"status": "failed", "rank": call.kill[1], "kind": "signal", "signal": int(call.kill[2])}
         if call.kill and call.kill[0] == "server":
             return {"status": "any"}
+        if call.case == "checkpoint":  # the first call: its rank's os._exit mid-save
+            return {"status": "failed", "rank": call.exit_rank, "kind": "exit_code",
+                    "exit_code": call.fault_code}
         if call.case == "sys_exit":  # a DistributedError naming what the rank raised
             return {"status": "failed", "rank": call.exit_rank, "kind": "exception",
                     "exception_type": "SystemExit"}
@@ -388,6 +416,39 @@ class Soak:
         self.expected_status.setdefault(call.name, "FAILED")  # a hang too: a rank failed to join
         if event["run_dir"] and not os.path.isdir(event["run_dir"]):
             self.problem(job, call, f"a call that failed did not keep its run folder {event['run_dir']}")
+        if call.case == "checkpoint":
+            self.check_checkpoint(job, call, event)
+
+    def check_checkpoint(self, job: Job, call: Call, event: dict) -> None:
+        """After a save a rank died in, latest() named the newest complete checkpoint, and
+        the call that resumed from it loaded it and ended as an uninterrupted one would,
+        its last save the newest checkpoint."""
+        self.counts[f"checkpoint.died_{call.die_at}"] += 1
+        # A save is complete once the coordinator has published its .metadata.
+        newest = call.die_in_save - (call.die_at != "published")
+        want = f"step-{newest:06d}" if newest else None
+        death = f"rank {call.exit_rank} died at {call.die_at} of save {call.die_in_save}"
+        if event.get("latest") != want:
+            self.problem(job, call, f"{death}; latest() then named {event.get('latest')!r}, "
+                                    f"not {want!r}")
+        resumed = event.get("resumed") or {}
+        self.expected_status[f"{call.name}-resume"] = "FINISHED"
+        if resumed.get("status") != "ok":
+            self.problem(job, call, f"{death}; the resume from {want!r} ended "
+                                    f"{resumed.get('status')}: {resumed.get('message')}"[:3000])
+            return
+        values = checkpoint_values(call.world, call.steps)
+        results = [{"rank": r, "world": call.world, "step": call.steps, "loaded": want or "",
+                    "values": [float(values[r])] * call.elements} for r in range(call.world)]
+        if resumed["results"] != results:
+            self.problem(job, call, f"{death}; the resume returned {resumed['results']}, "
+                                    f"not {results}"[:3000])
+        if event.get("latest_after") != f"step-{call.steps:06d}":
+            self.problem(job, call, f"after the resume latest() named "
+                                    f"{event.get('latest_after')!r}, not 'step-{call.steps:06d}'")
+        if resumed["run_dir"] and os.path.exists(resumed["run_dir"]):
+            self.problem(job, call, f"the resume, which succeeded, left its run folder "
+                                    f"{resumed['run_dir']}")
 
     def check_program_outcome(self, job: Job, call: Call, code: int, out: str, err: str) -> None:
         expected = self.expectation(call)
@@ -441,7 +502,7 @@ class Soak:
 
     def check_ranks_gone(self, job: Job, call: Call) -> None:
         pids = []
-        for pid_file in pathlib.Path(call.dir).glob("rank-*.pid"):
+        for pid_file in pathlib.Path(call.dir).glob("**/rank-*.pid"):  # a resume's too
             pids.append(int(pid_file.read_text()))
         if not wait_until(lambda: alive(pids) == [], GONE_WITHIN):
             self.problem(job, call, f"ranks (or what they started) still run: {describe(alive(pids))}")
@@ -456,13 +517,22 @@ class Soak:
             for pid in left:
                 try_kill(pid)
 
+    def own_processes(self) -> list:
+        """This soak's live processes: itself, what it started, and whatever carries one of
+        its jobs' markers (a call's leftover, reparented away from the soak)."""
+        return own_processes(os.getpid(), f"{MARKER}={os.getpid()}-")
+
     def check_round(self) -> None:
-        """Between rounds, with no call running: no listening port or shared-memory file
-        that was not there before the soak."""
-        ports = listening_ports() - self.baseline_ports
-        if ports:
-            self.problem(None, None, f"listening sockets left: {sorted(ports)}")
-            self.baseline_ports |= ports
+        """Between rounds, with no call running: no listening socket of the soak's own
+        processes (another process of the machine may listen as it likes) and no
+        shared-memory file that was not there before the soak."""
+        sockets = {address: pids for address, pids in listening_sockets(self.own_processes()).items()
+                   if address not in self.baseline_sockets}
+        if sockets:
+            said = ", ".join(f"{address} held by {describe(sorted(pids))}"
+                             for address, pids in sorted(sockets.items()))
+            self.problem(None, None, f"listening sockets left: {said}")
+            self.baseline_sockets |= sockets.keys()
         shm = shm_files() - self.baseline_shm
         if shm:
             self.problem(None, None, f"shared-memory files left in /dev/shm: {sorted(shm)}")
@@ -589,18 +659,76 @@ def try_kill(pid: int) -> None:
         pass
 
 
-def listening_ports() -> set:
-    found = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+def own_processes(root: int, marker_prefix: str) -> list:
+    """The live processes `root` and its descendants, and every live process whose
+    environment holds a variable that starts with `marker_prefix` ("NAME=value-"): what a
+    soak's call started, even once its parent is gone and it was reparented."""
+    table = [process for process in processes() if process.state != "Z"]
+    children = collections.defaultdict(list)
+    for process in table:
+        children[process.ppid].append(process.pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children[pid])
+    prefix = marker_prefix.encode()
+    for process in table:
+        if process.pid in found:
+            continue
         try:
-            lines = pathlib.Path(name).read_text().splitlines()[1:]
+            environ = pathlib.Path(f"/proc/{process.pid}/environ").read_bytes()
         except OSError:
             continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                found.add(fields[1])
-    return found
+        if any(entry.startswith(prefix) for entry in environ.split(b"\0")):
+            found.add(process.pid)
+    return sorted(found & {process.pid for process in table})
+
+
+def listening_sockets(pids) -> dict:
+    """The TCP sockets in LISTEN state that the processes `pids` hold, as {"host:port":
+    {pid, ...}}: their descriptors' socket inodes, found in the TCP tables of their network
+    namespaces (/proc/PID/net/tcp and tcp6)."""
+    holders = collections.defaultdict(set)  # socket inode -> pids
+    namespaces = {}  # network namespace -> a pid in it, whose tables show it
+    for pid in pids:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+            namespaces.setdefault(os.readlink(f"/proc/{pid}/ns/net"), pid)
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in descriptors:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                holders[link[len("socket:["):-1]].add(pid)
+    found = collections.defaultdict(set)
+    for pid in namespaces.values():
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = pathlib.Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in holders:  # LISTEN, one of theirs
+                    found[socket_address(fields[1])] |= holders[fields[9]]
+    return dict(found)
+
+
+def socket_address(text: str) -> str:
+    """A /proc/net/tcp{,6} address ("0100007F:1F90": the host as 32-bit words in the
+    machine's order, the port in hex) as "127.0.0.1:8080" or "[::1]:8080"."""
+    host, port = text.split(":")
+    raw = bytes.fromhex(host)
+    raw = b"".join(raw[at:at + 4][::-1] if sys.byteorder == "little" else raw[at:at + 4]
+                   for at in range(0, len(raw), 4))
+    if len(raw) == 4:
+        return f"{socket.inet_ntop(socket.AF_INET, raw)}:{int(port, 16)}"
+    return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{int(port, 16)}"
 
 
 def shm_files() -> set:
@@ -620,6 +748,15 @@ def run_folders(runs: pathlib.Path) -> set:
 def root_cause_line(err: str) -> str:
     """The lines of sgpu run's report that name the root cause (its first lines)."""
     return "\n".join(line for line in err.splitlines() if "sgpu:" in line or "root cause" in line)
+
+
+def checkpoint_values(world: int, steps: int) -> list:
+    """Each rank's value after `steps` steps of the checkpoint case (work.checkpointed)."""
+    values = [rank + 1 for rank in range(world)]
+    for step in range(1, steps + 1):
+        total = sum(values)
+        values = [total + step * (rank + 1) for rank in range(world)]
+    return values
 
 
 def crc_of(size: int) -> int:
