@@ -18,9 +18,10 @@ copy fails removes what it wrote. The coordinator then writes the sums of every 
 `.sgpu-checkpoint` and `.metadata` last, under a temporary name renamed into place. A folder
 with `.metadata` is therefore a complete checkpoint of one save, and a save that dies
 half-way (a rank killed, the job cancelled) leaves a folder without one, which latest()
-skips. A load checks each shard it reads against its sum. prune() removes only folders
-marked as sgpu's checkpoints. A load copies the files it reads into a local stage, then reads them there (in
-place when the volume is on the stage's filesystem). A copy that fails transiently is retried (sgpu/_volume.py; SGPU_SIM_VOLUME simulates a network volume).
+skips. prune() removes only folders marked as sgpu's checkpoints. A load copies the files it
+reads into a local stage, then reads them there (in place when the volume is on the stage's
+filesystem), each checked against its sum. A copy that fails transiently is retried
+(sgpu/_volume.py; SGPU_SIM_VOLUME simulates a network volume).
 
 The files are DCP's own (torch's FileSystemWriter format): torch's FileSystemReader, and
 any tool that reads DCP checkpoints, reads them. (sgpu's C++ checkpoints are safetensors
