@@ -299,6 +299,17 @@ def _fake_leaf(value) -> FakeTensor | None:
     return None
 
 
+def _save_refused(api: str, fake: FakeTensor):
+    """The NotSimulatedError for a save (`api`) of what holds the fake tensor `fake`."""
+    from sgpu.errors import NotSimulatedError
+
+    return NotSimulatedError(
+        f"sgpu: {api} in shape-only compute: what it saves holds fake tensors (one of shape "
+        f"{tuple(fake.shape)}, {fake.dtype} on {fake.device}), which have shapes and no "
+        "values; nothing was written. Save in a run that computes values "
+        '(sim_compute="values"), or skip the save in a dry run')
+
+
 @contextlib.contextmanager
 def _saves_refused():
     """torch.save opens its file before it pickles, so fake data would truncate the file it
@@ -307,18 +318,12 @@ def _saves_refused():
     file half-written."""
     import io
 
-    from sgpu.errors import NotSimulatedError
-
     save = torch.save
 
     def refused(obj, f, *args, **kwargs):
         fake = _fake_leaf(obj)
         if fake is not None:
-            raise NotSimulatedError(
-                f"sgpu: torch.save({f!r}) in shape-only compute: what it saves holds fake "
-                f"tensors (one of shape {tuple(fake.shape)}, {fake.dtype} on {fake.device}), "
-                "which have shapes and no values; nothing was written. Save only in a run "
-                'that computes values (sim_compute="values"), or skip the save in a dry run')
+            raise _save_refused(f"torch.save({f!r})", fake)
         if not isinstance(f, (str, os.PathLike)):
             return save(obj, f, *args, **kwargs)
         buffer = io.BytesIO()
@@ -365,18 +370,11 @@ _entered = 0
 def _refuse_checkpoints(dcp) -> None:
     """dcp.save and dcp.async_save of fake tensors are refused, naming what was fake, before
     a folder is made or a byte written: a dry run leaves no checkpoint that is not one."""
-    from sgpu.errors import NotSimulatedError
-
     def refusing(save, name):
         def refused(state_dict=None, *args, **kwargs):
             fake = _fake_leaf(state_dict) if _entered else None
             if fake is not None:
-                raise NotSimulatedError(
-                    f"sgpu: torch.distributed.checkpoint.{name} in shape-only compute: the "
-                    f"state holds fake tensors (one of shape {tuple(fake.shape)}, {fake.dtype} "
-                    f"on {fake.device}), which have shapes and no values; nothing was written. "
-                    'Save checkpoints in a run that computes values (sim_compute="values"), or '
-                    "skip the save in a dry run")
+                raise _save_refused(f"torch.distributed.checkpoint.{name}", fake)
             return save(state_dict, *args, **kwargs)
 
         return functools.wraps(save)(refused)
