@@ -2,19 +2,34 @@
 installed sgpu-startup.pth); it costs one import of this file and does nothing elsewhere
 but put one finder last on sys.meta_path (NOTE [Stand-in imports], below).
 
-In a program that `sgpu run` started as a rank of a simulated node, a Python program that
-never imports sgpu (a script written for torchrun) still gets the simulated GPUs as its
-cuda devices (NOTE [CUDA on sim]): as soon as it imports torch, sgpu serves them. A
-function's rank (sgpu's worker) and the fork server see to themselves.
+In a program that `sgpu run` started as a rank of a simulated node, and in any process that
+starts with SGPU_BACKEND=sim (everything under `sgpu sim`, a notebook kernel started so), a
+Python program that never imports sgpu (a script written for torchrun, a test suite) still
+gets the simulated GPUs as its cuda devices (NOTE [CUDA on sim]): as soon as it imports
+torch, sgpu serves them. A function's rank (sgpu's worker) and the fork server see to
+themselves.
 """
 
 import os
 
 
+def _on_node() -> bool:
+    """A process on a simulated node that sgpu did not start: SGPU_BACKEND=sim as its
+    interpreter starts (under `sgpu sim`, in a notebook kernel started so, in what such a
+    process starts). sgpu's own roles (a rank, a fork server) see to themselves."""
+    env = os.environ
+    return (env.get("SGPU_BACKEND") == "sim" and "SGPU_ROLE" not in env
+            and not env.get("SGPU_RANK_DIR"))
+
+
 def _wanted() -> bool:
     env = os.environ
-    return (env.get("SGPU_RANK_BACKEND") == "sim" and bool(env.get("SGPU_RANK_DIR"))
-            and "SGPU_ROLE" not in env and env.get("SGPU_SIM_CUDA", "on") != "off")
+    if env.get("SGPU_SIM_CUDA", "on") == "off" or "SGPU_ROLE" in env:
+        return False
+    return (env.get("SGPU_RANK_BACKEND") == "sim" and bool(env.get("SGPU_RANK_DIR"))) or ON_NODE
+
+
+ON_NODE = _on_node()  # read by sgpu._sim_cuda.on_node()
 
 
 if _wanted():

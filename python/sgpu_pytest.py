@@ -2,7 +2,18 @@
 `-p sgpu_pytest`). A module of its own beside the package, so that loading it imports
 nothing of sgpu or torch: a suite that never uses sgpu is not touched.
 
-    pytest --sgpu-backend sim --sgpu-node 8xH100      # the suite's calls, without code changes
+    pytest --sgpu-node 8xH100      # the session is a simulated node of 8 H100s
+
+With --sgpu-node (and no --sgpu-backend other than sim), the session's process, every process
+it starts and every sgpu call lives on that simulated node: torch.cuda.is_available() is True,
+device_count() is 8, skip_if_lt_x_gpu(n) and RunIf(min_cuda_gpus=n) see them, and a test
+gated on a GPU runs instead of skipping. The terminal summary says how many tests that ask
+for a GPU ran, and which were still skipped and why. `sgpu sim -- pytest` does the same.
+With --sgpu-backend cuda on a GPU node the same tests run on its GPUs.
+
+    @pytest.mark.sgpu(gpus=4)           # the test function runs on 4 GPUs, as a distributed
+    def test_all_reduce():              # function (sgpu.distributed's keywords), every rank
+        ...                             # of it must pass
 
     def test_two_a10s(sgpu_sim):
         sgpu_sim(node="2xA10", faults="rank=1:segv@start")   # this test's own node and plan
@@ -29,12 +40,117 @@ def pytest_addoption(parser) -> None:
                     help='the simulated node of every call, as "8xH100" (SGPU_SIM)')
 
 
-def pytest_configure(config) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    """Before any conftest imports torch: the session on its simulated node, when asked."""
+    backend = early_config.known_args_namespace.sgpu_backend
+    node = early_config.known_args_namespace.sgpu_node
     # Set for the whole session, so that ranks and subprocesses see them too.
-    if config.getoption("sgpu_backend"):
-        os.environ["SGPU_BACKEND"] = config.getoption("sgpu_backend")
-    if config.getoption("sgpu_node"):
-        os.environ["SGPU_SIM"] = config.getoption("sgpu_node")
+    if backend:
+        os.environ["SGPU_BACKEND"] = backend
+    if node:
+        os.environ["SGPU_SIM"] = node
+        if backend in (None, "sim"):
+            import sgpu
+
+            sgpu.simulate(node)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "sgpu(gpus=N, **options): run the test function on N GPUs as a distributed "
+        "function (sgpu.distributed's keywords); every rank must pass")
+    config.stash[_GPU_TESTS] = {"ran": 0, "skipped": {}}
+
+
+_GPU_WORDS = ("cuda", "gpu", "nccl")
+_GPU_TESTS = pytest.StashKey[dict]()
+
+
+def _asks_for_gpu(item) -> bool:
+    """Whether a test is gated on a GPU: the sgpu marker, a skipif whose condition or reason
+    names cuda, a GPU or NCCL, or such a decorator on its function (skip_if_lt_x_gpu,
+    requires_nccl, RunIf(min_cuda_gpus=...))."""
+    if item.get_closest_marker("sgpu") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        text = " ".join(str(a) for a in mark.args) + " " + str(mark.kwargs.get("reason", ""))
+        if any(word in text.lower() for word in _GPU_WORDS):
+            return True
+    import inspect
+
+    function = getattr(item, "function", None)
+    try:
+        lines = inspect.getsourcelines(function)[0] if function is not None else []
+    except (OSError, TypeError):
+        return False
+    decorators = "".join(line for line in lines[:8] if line.lstrip().startswith("@"))
+    return any(word in decorators.lower() for word in _GPU_WORDS)
+
+
+def _gpu_skip_reason(report) -> str | None:
+    """A skipped test's reason, where it names cuda, a GPU or NCCL."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return None
+    reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    return reason if any(word in reason.lower() for word in _GPU_WORDS) else None
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _count_gpu_test(report)
+
+
+def _count_gpu_test(report) -> None:
+    config = _SESSION.get("config")
+    if config is None:
+        return
+    tally = config.stash[_GPU_TESTS]
+    reason = _gpu_skip_reason(report)
+    if reason is not None:
+        tally["skipped"][reason] = tally["skipped"].get(reason, 0) + 1
+    elif report.when == "call" and report.nodeid in _SESSION["gpu_items"]:
+        tally["ran"] += 1
+
+
+_SESSION: dict = {}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    _SESSION["config"] = config
+    _SESSION["gpu_items"] = {item.nodeid for item in items if _asks_for_gpu(item)}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    tally = config.stash.get(_GPU_TESTS, None)
+    if tally is None or (not tally["ran"] and not tally["skipped"]):
+        return
+    where = os.environ.get("SGPU_BACKEND") or "this machine"
+    if where == "sim":
+        where = f"the simulated node {os.environ.get('SGPU_SIM') or '8xH100'}"
+    skipped = sum(tally["skipped"].values())
+    terminalreporter.write_sep("-", "sgpu: tests that ask for a GPU")
+    terminalreporter.write_line(f"{tally['ran']} ran on {where}; {skipped} still skipped")
+    for reason, count in sorted(tally["skipped"].items(), key=lambda pair: -pair[1]):
+        terminalreporter.write_line(f"  {count} skipped: {reason}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked sgpu(gpus=N, ...) runs as a distributed function on N GPUs."""
+    mark = pyfuncitem.get_closest_marker("sgpu")
+    if mark is None:
+        return None
+    import sgpu
+
+    options = dict(mark.kwargs)
+    if mark.args:
+        options.setdefault("gpus", mark.args[0])
+    options.setdefault("name", pyfuncitem.name)
+    arguments = {name: pyfuncitem.funcargs[name]
+                 for name in pyfuncitem._fixtureinfo.argnames}
+    sgpu.distributed(**options)(pyfuncitem.obj).distributed(**arguments)
+    return True
 
 
 @pytest.fixture

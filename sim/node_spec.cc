@@ -1,7 +1,10 @@
 #include "sim/node_spec.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 
 #include "backend/gpu_type.h"
 #include "contract/rank_env.h"
@@ -107,6 +110,81 @@ std::string platform_of_spec(std::string_view spec) {
   }
   model::load_platform(platform);  // ConfigError naming it and the platforms there are
   return platform;
+}
+
+}  // namespace sgpu::sim
+
+namespace sgpu::sim {
+namespace {
+
+// The UUID torch.cuda.get_device_properties() gives simulated GPU `index`
+// (python/sgpu/_sim_cuda.py), as CUDA_VISIBLE_DEVICES spells it.
+std::string uuid_of(int index) {
+  std::string digits = std::to_string(index);
+  return "GPU-00000000-0000-0000-0000-" +
+         std::string(12 - std::min<std::size_t>(12, digits.size()), '0') + digits;
+}
+
+// The device `entry` names among `count`, as CUDA reads one entry of the list.
+std::optional<int> named_device(std::string_view entry, int count) {
+  while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
+  while (!entry.empty() && entry.back() == ' ') entry.remove_suffix(1);
+  if (entry.starts_with("GPU-")) {
+    std::optional<int> found;
+    for (int i = 0; i < count; ++i) {
+      if (!uuid_of(i).starts_with(entry)) continue;
+      if (found) return std::nullopt;  // a prefix of two UUIDs names neither
+      found = i;
+    }
+    return found;
+  }
+  int index = -1;
+  const auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), index);
+  if (ec != std::errc() || end == entry.data() || index < 0 || index >= count) return std::nullopt;
+  return index;  // CUDA, as strtol, reads the leading digits ("1abc" is 1)
+}
+
+}  // namespace
+
+std::vector<int> visible_indices(int count, const char* visible) {
+  std::vector<int> seen;
+  if (visible == nullptr) {
+    for (int i = 0; i < count; ++i) seen.push_back(i);
+    return seen;
+  }
+  std::vector<bool> taken(static_cast<std::size_t>(count), false);
+  std::string_view rest = visible;
+  for (;;) {
+    const std::size_t comma = rest.find(',');
+    const std::optional<int> index = named_device(rest.substr(0, comma), count);
+    if (!index) break;
+    if (taken[*index]) return {};  // a device named twice: none, as CUDA
+    taken[*index] = true;
+    seen.push_back(*index);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return seen;
+}
+
+backend::Inventory visible_devices(backend::Inventory node, const char* visible) {
+  if (visible == nullptr) return node;
+  std::vector<Gpu> seen;
+  for (const int index : visible_indices(static_cast<int>(node.gpus.size()), visible)) {
+    Gpu gpu = node.gpus[index];
+    gpu.index = static_cast<int>(seen.size());
+    seen.push_back(std::move(gpu));
+  }
+  node.gpus = std::move(seen);
+  if (node.gpus.empty()) {
+    node.unavailable_reason = "CUDA_VISIBLE_DEVICES=\"" + std::string(visible) +
+                              "\" hides every GPU of the simulated node " + node.sim_spec;
+  }
+  return node;
+}
+
+backend::Inventory visible_node(std::string_view spec) {
+  return visible_devices(parse_node_spec(spec), std::getenv("CUDA_VISIBLE_DEVICES"));
 }
 
 }  // namespace sgpu::sim

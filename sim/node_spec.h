@@ -9,6 +9,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -18,6 +19,21 @@ inline constexpr std::string_view kDefaultNodeSpec = "8xH100";
 
 // Throws ConfigError naming the bad part of the spec and the grammar.
 backend::Inventory parse_node_spec(std::string_view spec);
+
+// The GPUs of `node` that a process sees under CUDA_VISIBLE_DEVICES=`visible`, as CUDA
+// reads it: a comma-separated list of device indices or UUIDs ("GPU-" and a unique prefix
+// of the UUID torch.cuda.get_device_properties() gives a simulated GPU), in the order
+// written and numbered from 0 in that order. The list ends at the first entry that names no
+// device (`0,2,-1,1` sees devices 0 and 2); a device named twice, or an empty list, leaves
+// none. `visible` null (the variable unset) sees them all.
+backend::Inventory visible_devices(backend::Inventory node, const char* visible);
+
+// The node's indices of the GPUs visible_devices() leaves of `count`, in their new order.
+std::vector<int> visible_indices(int count, const char* visible);
+
+// parse_node_spec(spec) as this process sees it (visible_devices under its
+// CUDA_VISIBLE_DEVICES).
+backend::Inventory visible_node(std::string_view spec);
 
 // The platform a simulated node's collectives are predicted on: the spec's "@PLATFORM",
 // else SGPU_PLATFORM, else the node of its GPU type (model::default_platform_for) when

@@ -1,8 +1,10 @@
 #include "sim/sim_backend.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "backend/memory_stats.h"
+#include "contract/node_memory.h"
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
@@ -24,10 +26,22 @@ std::string rank_node_spec() {
   return spec.empty() ? std::string(kDefaultNodeSpec) : spec;
 }
 
+// The node's ledger of device memory for this process (NOTE [A node's shared device memory]):
+// a rank opens the one its environment names; a process on the node that sgpu did not start
+// makes one when none is named.
+void share_node_memory() {
+  const bool on_node = contract::read_rank_environment().backend.empty();
+  contract::NodeMemory* ledger = contract::NodeMemory::of_process(on_node);
+  if (ledger == nullptr) return;
+  const std::string spec = rank_node_spec();
+  const int count = static_cast<int>(parse_node_spec(spec).gpus.size());
+  memory::share_node_memory(ledger, visible_indices(count, std::getenv("CUDA_VISIBLE_DEVICES")));
+}
+
 }  // namespace
 
 backend::Inventory SimBackend::inventory(const Options& options) const {
-  return parse_node_spec(node_spec_of(options));
+  return visible_node(node_spec_of(options));
 }
 
 bool counts_memory() {
@@ -42,12 +56,13 @@ bool counts_memory() {
 void SimBackend::bind(int device_index) const {
   bind_program();
   if (!counts_memory()) return;
-  const backend::Inventory node = parse_node_spec(rank_node_spec());
+  const backend::Inventory node = visible_node(rank_node_spec());
   if (device_index < 0 || device_index >= static_cast<int>(node.gpus.size())) {
     throw ConfigError("simulated device " + std::to_string(device_index) + " is not on the node " +
                       node.sim_spec);
   }
   memory::install_device_allocator(device_index, node.gpus[device_index].memory_bytes);
+  share_node_memory();
 }
 
 MemoryStats SimBackend::memory_stats(int device_index) const {
@@ -61,7 +76,10 @@ void SimBackend::reset_peak_memory_stats(int device_index) const {
 
 bool SimBackend::serve_cuda(int device_index) const {
   if (!cuda::enabled()) return false;
-  cuda::serve(parse_node_spec(rank_node_spec()), device_index);
+  const backend::Inventory node = visible_node(rank_node_spec());
+  if (node.gpus.empty()) return false;  // CUDA_VISIBLE_DEVICES hides them all: no GPU, as CUDA
+  cuda::serve(node, device_index);
+  share_node_memory();
   return true;
 }
 

@@ -30,6 +30,7 @@
 #include "backend/gpu_type.h"
 #include "contract/front_end.h"
 #include "contract/host_memory.h"
+#include "contract/node_memory.h"
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
@@ -51,6 +52,7 @@
 #include "sgpu/tracking.h"
 #include "sim/cuda/sim_cuda.h"
 #include "sim/memory/device_allocator.h"
+#include "sim/node_spec.h"
 
 namespace py = pybind11;
 
@@ -387,6 +389,18 @@ py::object read_error(const std::string& rank_dir) {
   return d;
 }
 
+// Set by sgpu/_sim_cuda.py (join_node) in a process on a simulated node that sgpu did not
+// start: it started with SGPU_BACKEND=sim, or called sgpu.simulate().
+bool g_on_node = false;
+
+// The backend this process's cuda devices are served by: its rank's, or "sim" for a process
+// on a simulated node.
+std::string process_backend() {
+  std::string backend = contract::read_rank_environment().backend;
+  if (backend.empty() && g_on_node) backend = "sim";
+  return backend;
+}
+
 // torch.distributed's creator for the "sgpu" backend: the process group the backend of
 // the call makes for C++ ranks too (Gloo with the fault plan on sim, NCCL on cuda), over
 // the store torch rendezvoused with.
@@ -396,14 +410,14 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
                                                      int rank, int size, double timeout_seconds,
                                                      const std::vector<int>& global_ranks,
                                                      bool as_nccl) {
-  const contract::RankEnvironment env = contract::read_rank_environment();
-  if (env.backend.empty()) {
-    // A RuntimeError, as torch's own backends raise. Outside a launch there is no fault
-    // plan's rank, no recorder and no run folder, so the backend refuses rather than run
-    // with each of them quietly missing.
+  const std::string backend = process_backend();
+  if (backend.empty()) {
+    // A RuntimeError, as torch's own backends raise. Outside a launch and off a simulated
+    // node there is no backend to make the group with.
     throw std::runtime_error(
-        "the \"sgpu\" process-group backend is for ranks that sgpu started (no SGPU_RANK_BACKEND "
-        "in this process's environment); outside one, use \"gloo\" or \"nccl\"");
+        "the \"sgpu\" process-group backend is for ranks that sgpu started and processes on a "
+        "simulated node (neither SGPU_RANK_BACKEND nor SGPU_BACKEND=sim in this process's "
+        "environment); outside one, use \"gloo\" or \"nccl\", or run under `sgpu sim`");
   }
   launcher::RankGroupRequest request;
   request.store = store;
@@ -412,6 +426,7 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   request.timeout = duration_of_seconds(timeout_seconds);
   request.members = global_ranks;
   request.as_nccl = as_nccl;
+  request.backend = backend;
   py::gil_scoped_release release;
   return launcher::make_rank_group(std::move(request));
 }
@@ -420,16 +435,18 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
 // rank's backend, of torch's device guard for CUDA (which serve_cuda() installed on sim),
 // and of sim's memory for the served devices.
 
-const backend::Backend& rank_backend() {
-  return backend::find_backend(contract::read_rank_environment().backend);
-}
+const backend::Backend& rank_backend() { return backend::find_backend(process_backend()); }
 
-// In a Python rank: serves the node's GPUs as torch's cuda devices where the backend does
-// (sim); False where it does not (cuda, or SGPU_SIM_CUDA=off).
+// Serves the node's GPUs as torch's cuda devices where the backend does (sim); False where it
+// does not (cuda, or SGPU_SIM_CUDA=off). A function's rank starts on the GPU its launcher
+// bound it to, as the cuda backend binds it; every other process on the node (a program
+// `sgpu run` started, what it starts, a process under `sgpu sim`) starts on cuda:0, as a
+// process on a GPU node does until it calls set_device.
 bool serve_cuda() {
   const contract::RankEnvironment env = contract::read_rank_environment();
-  if (env.backend.empty()) return false;
-  return backend::find_backend(env.backend).serve_cuda(env.device_index);
+  const std::string backend = process_backend();
+  if (backend.empty()) return false;
+  return backend::find_backend(backend).serve_cuda(env.role == "worker" ? env.device_index : 0);
 }
 
 // Every GPU of the rank's node, as torch.cuda.get_device_properties() describes it.
@@ -478,6 +495,14 @@ py::tuple cuda_generators(int count) {
 
 void bind_cuda_on_sim(py::module_& m) {
   m.def("serve_cuda", &serve_cuda);
+  // The node's memory ledger serve_cuda() opened or made (NOTE [A node's shared device
+  // memory]), for os.environ, which the C environment's changes do not reach.
+  m.def("node_memory_name", []() -> std::optional<std::string> {
+    const char* name = std::getenv(contract::kNodeMemoryVar);
+    return name != nullptr ? std::optional<std::string>(name) : std::nullopt;
+  });
+  m.def("join_node", [] { g_on_node = true; });
+  m.def("check_node_spec", [](const std::string& spec) { (void)sim::parse_node_spec(spec); });
   m.def("cover_cuda_operators_ahead", &sgpu::sim::cuda::cover_operators_ahead);
   m.def("cuda_devices", &cuda_devices);
   m.def("cuda_current_device", [] { return static_cast<int>(cuda_guard().getDevice().index()); });
@@ -504,6 +529,11 @@ void bind_cuda_on_sim(py::module_& m) {
   m.def("cuda_reset_accumulated_memory_stats",
         [](int index) { sim::cuda::reset_accumulated_memory_stats(resolve_device(index)); });
   m.def("cuda_empty_cache", [](int index) { sim::cuda::empty_cache(resolve_device(index)); });
+  // What the device may still reserve, every process on the node counted (None when its
+  // memory is not counted).
+  m.def("cuda_free_memory", [](int index) -> std::optional<std::uint64_t> {
+    return sim::memory::free_memory(resolve_device(index));
+  });
   // Shape-only compute (sgpu/_shapes.py): a fake tensor's storage of `bytes` on served
   // device `index`, counted by the device's memory model until the returned object goes.
   m.def("count_fake_storage", [](int index, std::size_t bytes) {

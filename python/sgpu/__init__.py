@@ -46,6 +46,7 @@ from sgpu._runtime import (  # noqa: E402
     set_tag,
     world_size,
 )
+from sgpu._sim_cuda import simulate  # noqa: E402
 from sgpu.errors import (  # noqa: E402
     AcceleratorMismatchError,
     CancelledError,
@@ -107,5 +108,6 @@ __all__ = [
     "register_backend",
     "reset_peak_memory_stats",
     "set_tag",
+    "simulate",
     "world_size",
 ]

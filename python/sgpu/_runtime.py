@@ -263,15 +263,15 @@ def install_process_group_hook() -> None:
 
 
 def _serve_cuda_on_sim() -> None:
-    """In a rank of a sim launch, torch's cuda devices become the simulated node's GPUs
-    (sgpu._sim_cuda) as soon as torch is imported; a function's rank waits until its
-    device is bound (sgpu._worker)."""
+    """In a rank of a sim launch, and in a process on a simulated node, torch's cuda devices
+    become the node's GPUs (sgpu._sim_cuda) as soon as torch is imported; a function's rank
+    waits until its device is bound (sgpu._worker)."""
     if is_rank() and not _bound:
         return
     from sgpu import _sim_cuda
 
     if _sim_cuda.wanted() and _sim_cuda.install() and not is_rank() \
-            and os.environ.get("SGPU_SIM_COMPUTE") == "shapes":
+            and os.environ.get("SGPU_RANK_DIR") and os.environ.get("SGPU_SIM_COMPUTE") == "shapes":
         from sgpu import _shapes
 
         _shapes.enter_for_program()

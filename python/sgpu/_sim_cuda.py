@@ -37,13 +37,63 @@ def served() -> bool:
     return _served
 
 
+def on_node() -> bool:
+    """Whether this process lives on a simulated node without being a rank of a sim launch:
+    SGPU_BACKEND was sim when its interpreter started (`sgpu sim`, a notebook kernel
+    started so, what such a process starts), or it called sgpu.simulate()."""
+    if "SGPU_ROLE" in os.environ or os.environ.get("SGPU_RANK_DIR"):
+        return False  # a rank, a fork server: each sees to itself
+    if _simulated:
+        return True
+    startup = sys.modules.get("_sgpu_startup")
+    return bool(getattr(startup, "ON_NODE", False))
+
+
 def wanted() -> bool:
-    """Whether this process is a rank of a sim launch that serves cuda (it may not be yet)."""
-    if os.environ.get("SGPU_RANK_BACKEND") != "sim" or not os.environ.get("SGPU_RANK_DIR"):
+    """Whether this process's cuda devices are to be a simulated node's (it may not be yet):
+    a rank of a sim launch, or a process on the node (on_node())."""
+    if os.environ.get("SGPU_SIM_CUDA", "on") == "off":
         return False
     if os.environ.get("SGPU_ROLE") == "fork-server":  # its ranks serve cuda themselves
         return False
-    return os.environ.get("SGPU_SIM_CUDA", "on") != "off"
+    if os.environ.get("SGPU_RANK_DIR"):
+        return os.environ.get("SGPU_RANK_BACKEND") == "sim"
+    return on_node()
+
+
+_simulated = False  # sgpu.simulate() was called here
+
+
+def simulate(node: str | None = None) -> None:
+    """Puts this process on a simulated node (`node`, a spec such as "8xH100"; SGPU_SIM,
+    else 8xH100, when None): torch's cuda devices become the node's GPUs, now if torch is
+    imported, else as soon as it is; calls of distributed functions from here run on it, and
+    so does every process started from here after this call. In a process whose cuda
+    devices already are the node's, a different node is refused (ConfigError)."""
+    global _simulated
+    if "SGPU_ROLE" in os.environ or os.environ.get("SGPU_RANK_DIR"):
+        raise errors.ConfigError(
+            "sgpu.simulate() is for a process that sgpu did not start (a notebook's kernel, a "
+            "test session): this is a rank of an sgpu launch, which is on its node already")
+    spec = node or os.environ.get("SGPU_SIM") or "8xH100"
+    from sgpu import _native
+
+    _native.check_node_spec(spec)  # ConfigError naming the bad part, nothing changed
+    if _served and spec != (os.environ.get("SGPU_SIM") or "8xH100"):
+        raise errors.ConfigError(
+            f"this process is on the simulated node {os.environ.get('SGPU_SIM') or '8xH100'} "
+            f"already (torch's cuda devices are its GPUs); it cannot move to {spec}: call "
+            "sgpu.simulate() before the first use of cuda, or restart the process")
+    torch = sys.modules.get("torch")
+    if not _served and torch is not None and torch.cuda.is_initialized():
+        raise errors.ConfigError(
+            "torch's cuda devices are this machine's already (CUDA was initialised before "
+            "sgpu.simulate()); call it before the first use of cuda, or restart the process")
+    os.environ["SGPU_BACKEND"] = "sim"
+    os.environ["SGPU_SIM"] = spec
+    _simulated = True
+    if torch is not None:
+        install()
 
 
 def install() -> bool:
@@ -56,8 +106,13 @@ def install() -> bool:
         return False
     from sgpu import _native
 
+    if on_node():
+        _native.join_node()
     if not _native.serve_cuda():
         return False
+    ledger = _native.node_memory_name()  # what the processes started from here share
+    if ledger:
+        os.environ["SGPU_NODE_MEMORY"] = ledger
     import torch
 
     count = len(_native.cuda_devices())
@@ -304,10 +359,12 @@ def _patch_memory(torch, native, count: int) -> None:
         index = device_index(device)
         if index < 0:
             index = native.cuda_current_device()
-        stats = native.cuda_memory_stats(index)
         total = torch.cuda.get_device_properties(index).total_memory
         total = int(total * _fractions.get(index, 1.0))
-        return max(total - stats.get("reserved_bytes.all.current", 0), 0), total
+        free = native.cuda_free_memory(index)  # every process on the node counted
+        if free is None:
+            free = total - native.cuda_memory_stats(index).get("reserved_bytes.all.current", 0)
+        return max(free, 0), total
 
     def snapshot(*args, **kwargs):
         return {"segments": [], "device_traces": [[] for _ in range(count)]}

@@ -28,10 +28,7 @@ struct Event {
   bool was_recorded = false;
 };
 
-void check_index(c10::DeviceIndex index) {
-  TORCH_CHECK(index >= 0 && index < g_count, "CUDA error: invalid device ordinal (device ",
-              static_cast<int>(index), " of a simulated node of ", g_count, " GPUs)");
-}
+void check_index(c10::DeviceIndex index) { check_ordinal(index); }
 
 class Guard final : public c10::impl::DeviceGuardImplInterface {
  public:
@@ -98,6 +95,17 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
 };
 
 }  // namespace
+
+void check_ordinal(c10::DeviceIndex index) {
+  if (index >= 0 && index < g_count) return;
+  // CUDA's cudaErrorInvalidDevice, as torch raises it (torch.AcceleratorError).
+  constexpr int32_t kInvalidDevice = 101;
+  throw c10::AcceleratorError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, kInvalidDevice,
+      "CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough "
+      "GPUs? (cuda:" +
+          std::to_string(index) + " on a simulated node of " + std::to_string(g_count) + " GPUs)");
+}
 
 void install_guard(int count, int current) {
   TORCH_CHECK(count <= kMaxDevices, "CUDA on sim serves at most ", kMaxDevices,

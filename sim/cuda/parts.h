@@ -11,6 +11,9 @@ namespace sgpu::sim::cuda {
 void install_guard(int count, int current);
 // The calling thread's current device (what cudaGetDevice() would say).
 c10::DeviceIndex current_device();
+// Throws CUDA's "invalid device ordinal" (torch.AcceleratorError) for an index that is not
+// one of the served devices.
+void check_ordinal(c10::DeviceIndex index);
 
 // hooks.cc: at::detail::getCUDAHooks() answers for `count` simulated devices.
 void install_hooks(int count);

@@ -241,6 +241,7 @@ class Call {
       c10::Device device = value.toDevice();
       if (device.is_cuda()) {
         if (!device.has_index()) device = {c10::DeviceType::CUDA, current_device()};
+        check_ordinal(device.index());
         value = c10::Device(c10::DeviceType::CPU);
       }
       target_ = device;

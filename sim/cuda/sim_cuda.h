@@ -1,9 +1,12 @@
 // NOTE [CUDA on sim]
-// In a Python rank on sim (unless SGPU_SIM_CUDA=off), torch's "cuda" device type is the
-// simulated node's GPUs, served by the CPU, so that code written for a GPU node runs as it
-// is. A tensor on cuda:N is an ordinary CUDA tensor to torch: its device, its dispatch keys
-// and its storage's device say cuda:N. Its memory is host memory, counted against device N
-// (sim/memory/device_allocator.h, in device scopes). serve() installs, once per process:
+// In a Python rank on sim, and in any Python process on a simulated node (one that started
+// with SGPU_BACKEND=sim, as everything under `sgpu sim` does, or called sgpu.simulate()),
+// unless SGPU_SIM_CUDA=off, torch's "cuda" device type is the simulated node's GPUs (those
+// CUDA_VISIBLE_DEVICES leaves, renumbered as CUDA does), served by the CPU, so that code
+// written for a GPU node runs as it is. A tensor on cuda:N is an ordinary CUDA tensor to
+// torch: its device, its dispatch keys and its storage's device say cuda:N. Its memory is
+// host memory, counted against device N (sim/memory/device_allocator.h, in device scopes).
+// serve() installs, once per process:
 // - the device guard (guard.cc): torch's DeviceGuardImplInterface for CUDA: the current
 //   device per thread, streams and events (work is done when issued, so waits return at
 //   once and an event's time is the wall clock's when it was recorded);

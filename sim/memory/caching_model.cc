@@ -1,5 +1,6 @@
 #include "sim/memory/caching_model.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace sgpu::sim::memory {
@@ -91,6 +92,7 @@ CachingModel::Block* CachingModel::find_free(Pool& pool, std::size_t size) {
 
 CachingModel::Block* CachingModel::new_segment(Pool& pool, std::size_t size) {
   if (reserved_ > capacity_ || size > capacity_ - reserved_) return nullptr;
+  if (shared_ != nullptr && !shared_->take(size)) return nullptr;
   Block* block = new_block();
   block->size = size;
   block->address = next_address_;
@@ -113,10 +115,16 @@ void CachingModel::release_free_segments(Pool& pool) {
     it = pool.erase(it);
     ++stats_.num_device_free;
     reserved_ -= block->size;
+    if (shared_ != nullptr) shared_->give(block->size);
     decrease(stats_.segment, block->small, 1);
     decrease(stats_.reserved_bytes, block->small, block->size);
     delete_block(block);
   }
+}
+
+std::uint64_t CachingModel::free_bytes() const {
+  const std::uint64_t own = capacity_ > reserved_ ? capacity_ - reserved_ : 0;
+  return shared_ != nullptr ? std::min(own, shared_->free()) : own;
 }
 
 void CachingModel::empty_cache() {
@@ -169,7 +177,8 @@ CachingModel::Block* CachingModel::malloc(std::size_t requested, OutOfMemory* fa
       const auto all = static_cast<std::size_t>(StatType::AGGREGATE);
       failure->tried = segment;
       failure->capacity = capacity_;
-      failure->free = capacity_ > reserved_ ? capacity_ - reserved_ : 0;
+      failure->free = free_bytes();
+      if (shared_ != nullptr) failure->others = shared_->others();
       failure->allocated = stats_.allocated_bytes[all].current;
       failure->reserved = stats_.reserved_bytes[all].current;
       return nullptr;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace sgpu::sim::memory {
@@ -46,9 +47,22 @@ using DeviceStats = c10::CachingDeviceAllocator::DeviceStats;
 struct OutOfMemory {
   std::size_t tried = 0;  // the segment it asked the device for
   std::uint64_t capacity = 0;
-  std::uint64_t free = 0;  // capacity less what is reserved
+  std::uint64_t free = 0;  // capacity less what is reserved, by every process that shares it
   std::int64_t allocated = 0;
   std::int64_t reserved = 0;
+  std::vector<std::pair<long, std::uint64_t>> others;  // other processes' holdings: pid, bytes
+};
+
+// A device's capacity shared with other processes (NOTE [A node's shared device memory] in
+// src/contract/node_memory.h): every new segment is taken from it too, and given back when
+// released.
+class SharedCapacity {
+ public:
+  virtual ~SharedCapacity() = default;
+  virtual bool take(std::uint64_t bytes) = 0;  // false: no room left among the processes
+  virtual void give(std::uint64_t bytes) = 0;
+  virtual std::uint64_t free() = 0;  // what no process holds
+  virtual std::vector<std::pair<long, std::uint64_t>> others() = 0;
 };
 
 class CachingModel {
@@ -73,6 +87,12 @@ class CachingModel {
   void reset_accumulated_stats();
   // What the device offers from now on; segments already held stay held.
   void set_capacity(std::uint64_t capacity) { capacity_ = capacity; }
+  // From now on, segments come from `shared` too (nullptr: this process's alone). Set it
+  // before the first allocation: what is held already was not taken from it.
+  void share(SharedCapacity* shared) { shared_ = shared; }
+  // What this process may still reserve: its capacity less its segments, and no more than
+  // what no process holds where the capacity is shared.
+  std::uint64_t free_bytes() const;
 
   const DeviceStats& stats() const { return stats_; }
   std::uint64_t capacity() const { return capacity_; }
@@ -100,6 +120,7 @@ class CachingModel {
   void delete_block(Block* block);
 
   std::uint64_t capacity_;
+  SharedCapacity* shared_ = nullptr;
   std::uint64_t reserved_ = 0;
   std::uint64_t next_address_ = 0;
   Pool small_;

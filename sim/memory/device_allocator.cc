@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "contract/host_memory.h"
+#include "contract/node_memory.h"
 
 namespace sgpu::sim::memory {
 namespace {
@@ -28,7 +29,27 @@ struct Device {
   explicit Device(std::uint64_t capacity) : model(capacity), node_capacity(capacity) {}
   std::mutex mutex;
   CachingModel model;
-  std::uint64_t node_capacity;  // before any memory fraction
+  std::uint64_t node_capacity;             // before any memory fraction
+  std::unique_ptr<SharedCapacity> shared;  // the node's ledger's share of this GPU, if any
+};
+
+// A GPU's capacity in the node's ledger (NOTE [A node's shared device memory]).
+class LedgerShare final : public SharedCapacity {
+ public:
+  LedgerShare(contract::NodeMemory* ledger, int gpu, std::uint64_t capacity)
+      : ledger_(ledger), gpu_(gpu), capacity_(capacity) {}
+  bool take(std::uint64_t bytes) override { return ledger_->take(gpu_, bytes, capacity_); }
+  void give(std::uint64_t bytes) override { ledger_->give(gpu_, bytes); }
+  std::uint64_t free() override {
+    const std::uint64_t held = ledger_->held(gpu_);
+    return held < capacity_ ? capacity_ - held : 0;
+  }
+  std::vector<std::pair<long, std::uint64_t>> others() override { return ledger_->others(gpu_); }
+
+ private:
+  contract::NodeMemory* ledger_;
+  int gpu_;
+  std::uint64_t capacity_;
 };
 
 // What an allocation carries to its release, in a header just before its data: the
@@ -228,6 +249,23 @@ void count_in_device_scopes(int device_index, const std::vector<std::uint64_t>& 
   g_allocator->count_in_scopes(capacities);
 }
 
+void share_node_memory(contract::NodeMemory* ledger, const std::vector<int>& node_indices) {
+  if (ledger == nullptr) return;
+  for (std::size_t i = 0; i < node_indices.size(); ++i) {
+    with_model(static_cast<int>(i), [&](Device& d) {
+      if (d.shared) return;
+      d.shared = std::make_unique<LedgerShare>(ledger, node_indices[i], d.node_capacity);
+      d.model.share(d.shared.get());
+    });
+  }
+}
+
+std::optional<std::uint64_t> free_memory(int device) {
+  std::optional<std::uint64_t> bytes;
+  with_model(device, [&](Device& d) { bytes = d.model.free_bytes(); });
+  return bytes;
+}
+
 bool counts_in_device_scopes() { return g_allocator != nullptr && g_allocator->scoped(); }
 
 DeviceScope::DeviceScope(int device) : previous_(t_device_scope) { t_device_scope = device; }
@@ -309,13 +347,26 @@ std::string format_size(std::uint64_t bytes) {
   return text;
 }
 
+namespace {
+
+// What CUDA's message says of the other processes on the GPU, as torch words it from NVML.
+std::string others_text(const OutOfMemory& failure) {
+  std::string text;
+  for (const auto& [pid, bytes] : failure.others) {
+    text += "Process " + std::to_string(pid) + " has " + format_size(bytes) + " memory in use. ";
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string out_of_memory_message(int device, const OutOfMemory& failure) {
   const auto reserved = static_cast<std::uint64_t>(failure.reserved);
   const auto allocated = static_cast<std::uint64_t>(failure.allocated);
   return "CUDA out of memory. Tried to allocate " + format_size(failure.tried) + ". GPU " +
          std::to_string(device) + " has a total capacity of " + format_size(failure.capacity) +
-         " of which " + format_size(failure.free) +
-         " is free. Including non-PyTorch memory, this process has " + format_size(reserved) +
+         " of which " + format_size(failure.free) + " is free. " + others_text(failure) +
+         "Including non-PyTorch memory, this process has " + format_size(reserved) +
          " memory in use. Of the allocated memory " + format_size(allocated) +
          " is allocated by PyTorch, and " + format_size(reserved - allocated) +
          " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "

@@ -23,6 +23,10 @@
 
 #include "sim/memory/caching_model.h"
 
+namespace sgpu::contract {
+class NodeMemory;
+}
+
 namespace sgpu::sim::memory {
 
 // Makes the counting allocator libtorch's CPU allocator for simulated GPU `device_index`
@@ -35,6 +39,16 @@ void install_device_allocator(int device_index, std::uint64_t capacity);
 // when install_device_allocator() did not (the rank's device is then `device_index`);
 // once installed, what was counted on the rank's device stays counted until freed.
 void count_in_device_scopes(int device_index, const std::vector<std::uint64_t>& capacities);
+
+// From now on each device's segments come from its GPU's capacity in the node's `ledger` too
+// (NOTE [A node's shared device memory] in src/contract/node_memory.h), `node_indices[i]`
+// being device i's index on the node (before CUDA_VISIBLE_DEVICES renumbered them). Nothing
+// for a null ledger, or a device with no model.
+void share_node_memory(contract::NodeMemory* ledger, const std::vector<int>& node_indices);
+
+// What device `device` may still reserve: its capacity less its segments, and no more than
+// what no process on the node holds where its capacity is shared; std::nullopt as below.
+std::optional<std::uint64_t> free_memory(int device);
 
 // Whether allocations count only inside DeviceScopes (count_in_device_scopes() was called).
 bool counts_in_device_scopes();

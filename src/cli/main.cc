@@ -1,6 +1,7 @@
 // The sgpu command:
 //   sgpu info                               backends, GPUs, versions
 //   sgpu run [options] -- PROGRAM ARGS...   PROGRAM on N ranks, as torchrun would start it
+//   sgpu sim [--node SPEC] -- COMMAND ARGS  COMMAND and what it starts on a simulated node
 //   sgpu bench collectives [options]        collective throughput (bench_collectives)
 //   sgpu tracking sync [--log-dir D]        send runs left pending when a store was down
 //   sgpu model list|predict|validate|fit    the collective model's platforms (model_command.h)
@@ -25,6 +26,7 @@
 #include "backend/backend_table.h"
 #include "cli/model_command.h"
 #include "cli/run_flags.h"
+#include "cli/sim_command.h"
 #include "contract/front_end.h"
 #include "contract/option_table.h"
 #include "launcher/node_link.h"
@@ -249,6 +251,7 @@ int main(int argc, char** argv) {
       "  sgpu info\n"
       "  sgpu run --gpus 8 --gpu-type H100 -- python train.py --epochs 3\n"
       "  sgpu run --gpus 4 --backend sim --timeout 600 -- ./my_benchmark\n"
+      "  sgpu sim --node 8xH100 -- pytest tests/\n"
       "  sgpu bench collectives --gpus 8 --ops allreduce --max-bytes 1G\n"
       "  sgpu model validate h100-nvswitch");
   app.add_subcommand("info", "Show the backends built in, the GPUs they see, and versions");
@@ -259,6 +262,7 @@ int main(int argc, char** argv) {
   std::string sync_dir;
   add_tracking_command(app, sync_dir);
   const auto run_model = sgpu::cli::add_model_command(app);
+  const auto run_sim = sgpu::cli::add_sim_command(app);
 
   if (const std::string unknown = unknown_run_flag(*run_flags.command_line, argc, argv);
       !unknown.empty()) {
@@ -274,6 +278,7 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("info")) return info();
   if (app.got_subcommand("model")) return run_model();
+  if (app.got_subcommand("sim")) return run_sim();
   if (app.got_subcommand("tracking")) {
     sgpu::Options where;
     where.runs_dir = sync_dir;

@@ -29,9 +29,9 @@ c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request) {
   group.device_index = env.device_index;
   group.timeout = request.timeout;
   group.as_nccl = request.as_nccl;
-  group.record =
-      collectives::recorder_for(std::move(recorded), collectives::completion_for(env.backend));
-  return backend::find_backend(env.backend).process_groups().make(group);
+  const std::string& name = env.backend.empty() ? request.backend : env.backend;
+  group.record = collectives::recorder_for(std::move(recorded), collectives::completion_for(name));
+  return backend::find_backend(name).process_groups().make(group);
 }
 
 }  // namespace sgpu::launcher

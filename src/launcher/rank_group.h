@@ -7,6 +7,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
@@ -23,9 +24,13 @@ struct RankGroupRequest {
   std::vector<int> members;
   // The group is torch's "nccl" (a Python rank's, on sim): it refuses what NCCL refuses.
   bool as_nccl = false;
+  // The backend, in a process on a simulated node that sgpu did not start ("sim": one under
+  // `sgpu sim`, say); empty in a rank, whose environment names it.
+  std::string backend;
 };
 
-// In a rank that sgpu started (its environment names the backend and the device).
+// In a rank that sgpu started (its environment names the backend and the device), or in a
+// process on a simulated node (`request.backend`): no run folder, so nothing is recorded.
 c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request);
 
 }  // namespace sgpu::launcher

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "contract/abrupt_end.h"
 #include "contract/atomic_file.h"
+#include "contract/node_memory.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "testing/temp_dir.h"
@@ -166,3 +169,54 @@ TEST(RunFolder, NamesAreTheDocumentedLayout) {
 }
 
 }  // namespace
+
+namespace sgpu::contract {
+namespace {
+
+// NOTE [A node's shared device memory]: one ledger, every process's holdings in it.
+TEST(NodeMemory, ProcessesShareEachGpusCapacityAndAGoneOnesHoldingsComeBack) {
+  ::unsetenv(kNodeMemoryVar);
+  NodeMemory* ledger = NodeMemory::of_process(/*make=*/true);
+  ASSERT_NE(ledger, nullptr);
+  ASSERT_NE(std::getenv(kNodeMemoryVar), nullptr);   // named for what this process starts
+  EXPECT_EQ(NodeMemory::of_process(false), ledger);  // one a process
+  constexpr std::uint64_t kCapacity = 100;
+  ASSERT_TRUE(ledger->take(3, 60, kCapacity));
+  EXPECT_EQ(ledger->held(3), 60u);
+  EXPECT_EQ(ledger->held(2), 0u);  // each GPU on its own
+
+  // Another process on the node (a child that opens the ledger by its name) holds 30 of GPU 3
+  // and ends without giving it back, as a process killed holding memory does.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    NodeMemory* own = NodeMemory::of_process(false);  // the parent's object, by fork
+    const bool taken = own != nullptr && own->take(3, 30, kCapacity);
+    const char byte = taken ? 'y' : 'n';
+    (void)!::write(ready[1], &byte, 1);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ASSERT_EQ(byte, 'y');
+  EXPECT_EQ(ledger->held(3), 90u);
+  const auto others = ledger->others(3);
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_EQ(others[0], std::make_pair(static_cast<long>(child), std::uint64_t{30}));
+  EXPECT_FALSE(ledger->take(3, 20, kCapacity));  // 60 + 30 + 20 is past the capacity
+  EXPECT_EQ(ledger->held(3), 90u);               // and nothing was taken
+
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(ledger->take(3, 20, kCapacity));  // the gone process's 30 came back
+  EXPECT_EQ(ledger->held(3), 80u);
+  ledger->give(3, 80);
+  EXPECT_EQ(ledger->held(3), 0u);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+}  // namespace
+}  // namespace sgpu::contract

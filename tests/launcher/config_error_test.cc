@@ -150,6 +150,7 @@ TEST(Mismatch, AutoWithoutAGpuNamesTheSimulatedBackend) {
   expect_has(text, "backend \"auto\" found no GPU");
   expect_has(text, "SGPU_BACKEND=sim");
   ::setenv("SGPU_BACKEND", "sim", 1);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");  // the simulated node honours it too
 }
 
 #if SGPU_WITH_CUDA
@@ -160,6 +161,7 @@ TEST(Mismatch, CudaWithoutAGpuSaysWhyAndNamesTheSimulatedBackend) {
   ::setenv("CUDA_VISIBLE_DEVICES", "", 1);  // no GPU, even on a GPU machine
   const std::string text = error_of<sgpu::AcceleratorMismatchError>(o);
   ::setenv("SGPU_BACKEND", "sim", 1);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");  // the simulated node honours it too
   expect_has(text, "backend \"cuda\" offers none (");
   expect_has(text, "backend=\"sim\"");
 }

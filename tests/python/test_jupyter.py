@@ -104,3 +104,55 @@ def test_shutting_the_kernel_down_leaves_no_rank(kernel):
     assert wait_until(lambda: len(processes_with_marker(marker)) >= 3)
     manager.shutdown_kernel(now=True)
     assert wait_until(lambda: processes_with_marker(marker) == [], limit=20)
+
+
+NODE_CELL = """
+import os, torch, sgpu
+
+@sgpu.distributed(gpus=torch.cuda.device_count(), gpu_type="H100", tracking=False)
+def train(epochs):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    device = torch.device(f"cuda:{local_rank}")
+    torch.manual_seed(0)
+    features = torch.randn(64, 10)
+    dataset = TensorDataset(features, (features.sum(dim=1) > 0).long())
+    sampler = DistributedSampler(dataset)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 2)).to(device), device_ids=[device])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(dataset, batch_size=2, sampler=sampler):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+    dist.destroy_process_group()
+    return str(next(model.parameters()).device)
+
+@sgpu.distributed(gpus=1, tracking=False)
+def where():
+    return str(torch.ones(1, device="cuda").device)
+
+print("gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))
+print("plain", where())
+print("ranks", train.distributed(2))
+"""
+
+
+def test_a_kernel_started_with_sgpu_backend_sim_is_on_the_simulated_node(kernel):
+    """The notebook pattern @distributed(gpus=torch.cuda.device_count()) in a kernel started
+    with SGPU_BACKEND=sim: 8 GPUs, a plain call on cuda:0, the seed's training on all 8."""
+    _, client, _ = kernel
+    reply, out = run_cell(client, NODE_CELL, timeout=300)
+    assert reply["status"] == "ok", reply
+    assert "gpus 8 NVIDIA H100 80GB HBM3" in out
+    assert "plain cuda:0" in out
+    assert "ranks " + str([f"cuda:{rank}" for rank in range(8)]) in out

@@ -36,6 +36,45 @@ TEST(CachingModel, RoundsAsTheCachingAllocator) {
   EXPECT_EQ(segment_size(11 * kMiB), 12 * kMiB);
 }
 
+// What other processes leave of a shared GPU: `room` bytes, `others` holding the rest.
+class FakeShare final : public SharedCapacity {
+ public:
+  explicit FakeShare(std::uint64_t room) : room_(room) {}
+  bool take(std::uint64_t bytes) override {
+    if (bytes > room_) return false;
+    room_ -= bytes;
+    return true;
+  }
+  void give(std::uint64_t bytes) override { room_ += bytes; }
+  std::uint64_t free() override { return room_; }
+  std::vector<std::pair<long, std::uint64_t>> others() override { return {{4242, 60 * kMiB}}; }
+
+ private:
+  std::uint64_t room_;
+};
+
+TEST(CachingModel, ASharedGpuServesOnlyWhatNoOtherProcessHolds) {
+  CachingModel model(100 * kMiB);  // this process alone could take 100 MiB
+  FakeShare share(40 * kMiB);      // others hold 60 of them
+  model.share(&share);
+  EXPECT_EQ(model.free_bytes(), 40 * kMiB);
+  OutOfMemory failure;
+  CachingModel::Block* a = model.malloc(30 * kMiB, &failure);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(share.free(), 10 * kMiB);  // the segment came from the shared capacity
+  EXPECT_EQ(model.malloc(20 * kMiB, &failure), nullptr);
+  EXPECT_EQ(failure.free, 10 * kMiB);
+  EXPECT_EQ(failure.others.size(), 1u);
+  EXPECT_EQ(model.stats().num_ooms, 1);
+  model.free(a);
+  model.empty_cache();  // the released segment goes back to the node
+  EXPECT_EQ(share.free(), 40 * kMiB);
+  EXPECT_NE(out_of_memory_message(0, failure)
+                .find(" is free. Process 4242 has 60.00 MiB memory "
+                      "in use. Including non-PyTorch memory"),
+            std::string::npos);
+}
+
 TEST(CachingModel, SplitsALargeBlockOnlyWhenMoreThanOneMiBRemains) {
   CachingModel model(1024 * kMiB);
   OutOfMemory failure;

@@ -53,5 +53,37 @@ TEST(NodeSpec, BadSpecsSayWhatIsWrong) {
   }
 }
 
+// The types of the devices `visible` leaves of 2xH100+2xA10, in the order seen.
+std::string seen(const char* visible) {
+  const auto inv = visible_devices(parse_node_spec("2xH100+2xA10"), visible);
+  std::string out;
+  for (std::size_t i = 0; i < inv.gpus.size(); ++i) {
+    EXPECT_EQ(inv.gpus[i].index, static_cast<int>(i)) << visible;  // renumbered from 0
+    out += (i == 0 ? "" : ",") + inv.gpus[i].type;
+  }
+  return out;
+}
+
+TEST(VisibleDevices, RenumbersAndHidesAsCudaDoes) {
+  EXPECT_EQ(seen(nullptr), "H100,H100,A10,A10");  // unset: every device
+  EXPECT_EQ(seen("2,0"), "A10,H100");             // in the order written
+  EXPECT_EQ(seen(" 3 , 1"), "A10,H100");          // spaces around entries
+  EXPECT_EQ(seen("0,2,-1,1"), "H100,A10");        // the list ends at -1
+  EXPECT_EQ(seen("1,4,0"), "H100");               // ... and at an index past the node
+  EXPECT_EQ(seen("0,x,1"), "H100");               // ... and at what is no index
+  EXPECT_EQ(seen("1,1"), "");                     // a device named twice: none
+  EXPECT_EQ(seen(""), "");                        // an empty list: none
+  EXPECT_EQ(seen("GPU-00000000-0000-0000-0000-000000000003"), "A10");  // a UUID
+  EXPECT_EQ(seen("GPU-00000000-0000-0000-0000-00000000000"), "");      // a prefix of four
+}
+
+TEST(VisibleDevices, NoneLeftSaysWhy) {
+  const auto inv = visible_devices(parse_node_spec("8xH100"), "-1");
+  EXPECT_TRUE(inv.gpus.empty());
+  EXPECT_NE(inv.unavailable_reason.find("CUDA_VISIBLE_DEVICES=\"-1\" hides every GPU"),
+            std::string::npos)
+      << inv.unavailable_reason;
+}
+
 }  // namespace
 }  // namespace sgpu::sim
