@@ -502,6 +502,7 @@ void bind_cuda_on_sim(py::module_& m) {
     return name != nullptr ? std::optional<std::string>(name) : std::nullopt;
   });
   m.def("join_node", [] { g_on_node = true; });
+  m.def("count_in_forked_child", &sim::memory::count_in_forked_child);
   m.def("check_node_spec", [](const std::string& spec) { (void)sim::parse_node_spec(spec); });
   m.def("cover_cuda_operators_ahead", &sgpu::sim::cuda::cover_operators_ahead);
   m.def("cuda_devices", &cuda_devices);

@@ -123,8 +123,13 @@ def install() -> bool:
     _patch_distributed()
     _patch_not_simulated(torch)
     _patch_extensions(torch, _native)
+    _patch_sync_batch_norm(torch)
     _served = True
-    torch.cuda._lazy_init()  # runs what torch queued for it (seeds, capability checks)
+    if not on_node():
+        # A rank uses its GPU from its start: what torch queued (seeds, capability checks)
+        # runs now. A process on the node initialises CUDA at its first use, as on a GPU
+        # node, so that what it forks before then may use CUDA (MultiProcessTestCase).
+        torch.cuda._lazy_init()
     os.register_at_fork(after_in_child=_after_fork_in_child)
     return True
 
@@ -432,6 +437,7 @@ def _patch_distributed() -> None:
     from sgpu import _runtime
 
     _runtime.register_backend()
+    _patch_hash_tensors()
     original = c10d._new_process_group_helper
     signature = inspect.signature(original)
 
@@ -449,6 +455,8 @@ def _patch_distributed() -> None:
             pg, prefix_store = original(*bound.args, **bound.kwargs)
         finally:
             _runtime.making_nccl.on = False
+        if not isinstance(pg, c10d.ProcessGroup):
+            return pg, prefix_store  # GroupMember.NON_GROUP_MEMBER: not in this group
         if "," not in str(backend or "") and ":" not in str(backend or ""):
             # One backend named (or none, NCCL's on a node): the group's default is the
             # simulated one, as NCCL is the default of a node's "nccl" group, so that c10d
@@ -460,6 +468,23 @@ def _patch_distributed() -> None:
         return pg, prefix_store
 
     c10d._new_process_group_helper = new_process_group_helper
+
+
+def _patch_hash_tensors() -> None:
+    """torch.distributed's DETAIL debug level hashes an object collective's bytes with a CUDA
+    kernel of its own, outside the dispatcher, only to log the hash: here a hash of the
+    same bytes from the CPU."""
+    import hashlib
+
+    import torch
+
+    def hash_tensors(tensors) -> int:
+        digest = hashlib.blake2b(digest_size=8)
+        for tensor in tensors:
+            digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return int.from_bytes(digest.digest(), "little")
+
+    torch._C._distributed_c10d._hash_tensors = hash_tensors
 
 
 def _simulated_backend(c10d, backend):
@@ -667,9 +692,94 @@ def _patch_extensions(torch, native) -> None:
     _runtime.after_import("torch.utils.cpp_extension", patch_cpp_extension)
 
 
+_LIBRARIES: list = []  # the torch.library registrations this module made, kept alive
+
+
+def _patch_sync_batch_norm(torch) -> None:
+    """The kernels SyncBatchNorm calls, which torch has for CUDA only (batch_norm_stats,
+    batch_norm_gather_stats_with_counts, batch_norm_elemt, batch_norm_backward_reduce,
+    batch_norm_backward_elemt), on simulated GPUs: the same statistics, from torch's
+    operators, in float32 for half inputs, as CUDA's kernels accumulate them."""
+    import warnings
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # replacing the CUDA kernels is the point here
+        warnings.simplefilter("ignore")
+        for name, kernel in _sync_batch_norm_kernels(torch).items():
+            lib.impl(name, kernel, "CUDA")
+    _LIBRARIES.append(lib)
+
+
+def _sync_batch_norm_kernels(torch) -> dict:
+    def channels(x, like):  # a per-channel vector, shaped to broadcast over `like`
+        return x.reshape([1, -1] + [1] * (like.dim() - 2))
+
+    def reduced(x):
+        return [0] + list(range(2, x.dim()))
+
+    def stats(input, eps):
+        x = input.float()
+        var = x.var(reduced(x), unbiased=False)
+        return x.mean(reduced(x)), torch.rsqrt(var + eps)
+
+    def gather(input, mean, invstd, running_mean, running_var, momentum, eps, counts):
+        counts = counts.to(mean.dtype).reshape(-1, 1)
+        total = counts.sum()
+        mean_all = (counts * mean).sum(0) / total
+        var_i = 1.0 / (invstd * invstd) - eps
+        # The parallel Welford merge, as CUDA's kernel combines the ranks' statistics.
+        var = (counts * (var_i + (mean - mean_all) ** 2)).sum(0) / total
+        with torch.no_grad():
+            if running_mean is not None:
+                running_mean.mul_(1 - momentum).add_(momentum * mean_all.to(running_mean.dtype))
+            if running_var is not None:
+                unbiased = var * total / (total - 1)
+                running_var.mul_(1 - momentum).add_(momentum * unbiased.to(running_var.dtype))
+        return mean_all, torch.rsqrt(var + eps)
+
+    def elemt(input, weight, bias, mean, invstd, eps):
+        out = (input.float() - channels(mean, input)) * channels(invstd, input)
+        if weight is not None:
+            out = out * channels(weight.float(), input)
+        if bias is not None:
+            out = out + channels(bias.float(), input)
+        return out.to(input.dtype)
+
+    def backward_reduce(grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g):
+        dy = grad_out.float()
+        sum_dy = dy.sum(reduced(dy))
+        sum_dy_xmu = (dy * (input.float() - channels(mean, input))).sum(reduced(dy))
+        empty = grad_out.new_empty(0)
+        like = weight if weight is not None else sum_dy
+        grad_weight = (sum_dy_xmu * invstd).to(like.dtype) if weight_g else empty
+        grad_bias = sum_dy.to(like.dtype) if bias_g else empty
+        return (sum_dy, sum_dy_xmu, grad_weight, grad_bias) if input_g else (
+            empty, empty, grad_weight, grad_bias)
+
+    def backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
+        total = count.sum().float()
+        xmu = input.float() - channels(mean, input)
+        scale = channels(invstd, input) * (channels(weight.float(), input) if weight is not None
+                                           else 1.0)
+        grad = (grad_out.float() - channels(sum_dy / total, input)
+                - xmu * channels(invstd * invstd * sum_dy_xmu / total, input)) * scale
+        return grad.to(input.dtype)
+
+    return {"batch_norm_stats": stats, "batch_norm_gather_stats_with_counts": gather,
+            "batch_norm_elemt": elemt, "batch_norm_backward_reduce": backward_reduce,
+            "batch_norm_backward_elemt": backward_elemt}
+
+
 def _after_fork_in_child() -> None:
-    # As on a node: CUDA does not survive a fork (a DataLoader worker).
+    # As on a node: CUDA does not survive a fork (a DataLoader worker) once initialised; the
+    # child of a process that had not initialised it may (a test's forked ranks).
     torch = sys.modules.get("torch")
-    if torch is not None:
+    if torch is None:
+        return
+    if torch.cuda.is_initialized():
         torch._C._cuda_isInBadFork = lambda: True
         torch.cuda._initialized = False
+    else:
+        from sgpu import _native
+
+        _native.count_in_forked_child()

@@ -13,10 +13,13 @@
 // words and exception types, and runs what NCCL runs that the transport beneath has not:
 // PREMUL_SUM is NCCL's own definition (each rank's input times the factor, then a sum), and
 // a reduction of float8 tensors is made in float32 and rounded once.
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/interposer.h"
 #include "contract/rank_env.h"
 #include "sim/cuda/parts.h"
 #include "sim/cuda/sim_cuda.h"
@@ -294,6 +298,128 @@ class ViewWork final : public c10d::Work {
   std::shared_ptr<const Pairs> pairs_;
 };
 
+// A "nccl" group's operation as torch's profiler sees ProcessGroupNCCL's: an async event named
+// "nccl:<op>" with the input tensors' shapes, from its start to its end (its wait, or its
+// future's completion).
+class ProfiledWork final : public c10d::Work {
+ public:
+  // The event, started before the operation runs.
+  class Event {
+   public:
+    Event(const char* title, const std::vector<at::Tensor>& inputs) {
+      auto record = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+      if (!record->isActive()) return;
+      record->_setAsync();
+      std::vector<c10::IValue> values;
+      if (record->needsInputs()) {
+        for (const at::Tensor& t : inputs) values.emplace_back(t);
+      }
+      record->before(title, c10::ArrayRef<const c10::IValue>(values.data(), values.size()));
+      end_ = at::wrapPropagateTLSState([record] { record->end(); });
+    }
+    void end() {
+      std::function<void()> end;
+      {
+        std::lock_guard lock(*mutex_);
+        end.swap(end_);
+      }
+      if (end) end();
+    }
+
+   private:
+    std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
+    std::function<void()> end_;
+  };
+
+  ProfiledWork(c10::intrusive_ptr<c10d::Work> inner, Event event)
+      : c10d::Work(-1, inner->retrieveOpType()),
+        inner_(std::move(inner)),
+        event_(std::make_shared<Event>(std::move(event))) {
+    if (inner_->isCompleted()) event_->end();
+  }
+  ~ProfiledWork() override { event_->end(); }
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  // A collective that times out says so in NCCL's watchdog's words, which code written for
+  // NCCL matches ("caught collective operation timeout"), with sgpu's verdict after them.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      const bool done = inner_->wait(timeout);
+      event_->end();
+      return done;
+    } catch (const c10::DistBackendError& e) {
+      event_->end();
+      const std::string what = e.what_without_backtrace();
+      if (what.find(" timed out in ") == std::string::npos) throw;
+      const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      C10_THROW_ERROR(DistBackendError,
+                      "Watchdog caught collective operation timeout: WorkNCCL(OpType=" +
+                          c10d::opTypeToString(retrieveOpType()) + ") ran for " +
+                          std::to_string(ran.count()) + " milliseconds before timing out (" + what +
+                          ")");
+    }
+  }
+  void abort() override { inner_->abort(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    c10::intrusive_ptr<c10::ivalue::Future> future = inner_->getFuture();
+    future->addCallback([event = event_](c10::ivalue::Future&) { event->end(); });
+    return future;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::shared_ptr<Event> event_;
+};
+
+// NCCL sends to and receives from the rank itself (a batch_isend_irecv with every rank as a
+// peer); the transports take only other ranks, so a "nccl" group hands such a tensor over
+// itself: a send is kept until its recv (by tag), or fills the recv that came first.
+class SelfMail {
+ public:
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int tag) {
+    std::unique_lock lock(mutex_);
+    auto& waiting = waiting_[tag];
+    if (waiting.empty()) {
+      sent_[tag].push_back(tensors[0].clone());
+      return collectives::completed_work(c10::IValue(tensors));
+    }
+    auto [into, future] = std::move(waiting.front());
+    waiting.pop_front();
+    lock.unlock();
+    into.copy_(tensors[0]);
+    future->markCompleted(c10::IValue(std::vector<at::Tensor>{into}));
+    return collectives::completed_work(c10::IValue(tensors));
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int tag) {
+    std::unique_lock lock(mutex_);
+    auto& sent = sent_[tag];
+    if (!sent.empty()) {
+      const at::Tensor from = std::move(sent.front());
+      sent.pop_front();
+      lock.unlock();
+      tensors[0].copy_(from);
+      return collectives::completed_work(c10::IValue(tensors));
+    }
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    waiting_[tag].emplace_back(tensors[0], future);
+    return c10d::Work::create_from_future(future);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::deque<at::Tensor>> sent_;
+  std::map<int, std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10::ivalue::Future>>>>
+      waiting_;
+};
+
 class CudaGroup final : public c10d::Backend {
  public:
   CudaGroup(c10::intrusive_ptr<c10d::Backend> inner, c10::intrusive_ptr<c10d::Store> store,
@@ -311,7 +437,7 @@ class CudaGroup final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:broadcast", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->broadcast(v, opts);
     });
@@ -324,7 +450,7 @@ class CudaGroup final : public c10d::Backend {
         return allreduce(wide, sum);
       });
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:all_reduce", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->allreduce(v, opts);
     });
@@ -337,7 +463,7 @@ class CudaGroup final : public c10d::Backend {
         return allreduce_coalesced(wide, sum);
       });
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:allreduce_coalesced", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->allreduce_coalesced(v, opts);
     });
@@ -350,7 +476,7 @@ class CudaGroup final : public c10d::Backend {
           tensors, opts, getRank() == opts.rootRank,
           [this](auto& wide, const auto& sum) { return reduce(wide, sum); });
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:reduce", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->reduce(v, opts);
     });
@@ -358,7 +484,7 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:all_gather", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->allgather(out, in, opts);
@@ -366,7 +492,7 @@ class CudaGroup final : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:_allgather_base", {input}, [&](Taken& take) {
       auto out = take(output);
       auto in = take(input);
       return inner_->_allgather_base(out, in, opts);
@@ -375,7 +501,7 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:all_gather_coalesced", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->allgather_coalesced(out, in, opts);
@@ -384,7 +510,7 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:allgather_into_tensor_coalesced", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->allgather_into_tensor_coalesced(out, in, opts);
@@ -404,7 +530,7 @@ class CudaGroup final : public c10d::Backend {
       sum.reduceOp = nccl_rules::on_stand_ins(opts.reduceOp);
       return nccl_rules::rounded_into(reduce_scatter(wide_out, wide_in, sum), outputs, wide_out);
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:reduce_scatter", outputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->reduce_scatter(out, in, opts);
@@ -422,7 +548,7 @@ class CudaGroup final : public c10d::Backend {
       return nccl_rules::rounded_into(_reduce_scatter_base(wide_out[0], wide_in, sum), outputs,
                                       wide_out);
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:_reduce_scatter_base", {input}, [&](Taken& take) {
       auto out = take(output);
       auto in = take(input);
       return inner_->_reduce_scatter_base(out, in, opts);
@@ -440,7 +566,7 @@ class CudaGroup final : public c10d::Backend {
       return nccl_rules::rounded_into(reduce_scatter_tensor_coalesced(wide_out, wide_in, sum),
                                       outputs, wide_out);
     }
-    return on_views([&](Taken& take) {
+    return on_views("nccl:reduce_scatter_tensor_coalesced", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->reduce_scatter_tensor_coalesced(out, in, opts);
@@ -450,7 +576,7 @@ class CudaGroup final : public c10d::Backend {
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:all_to_all", {input}, [&](Taken& take) {
       auto out = take(output);
       auto in = take(input);
       return inner_->alltoall_base(out, in, output_splits, input_splits, opts);
@@ -459,7 +585,7 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:all_to_all", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->alltoall(out, in, opts);
@@ -474,7 +600,7 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:gather", inputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->gather(out, in, opts);
@@ -483,44 +609,55 @@ class CudaGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:scatter", outputs, [&](Taken& take) {
       auto out = take(outputs);
       auto in = take(inputs);
       return inner_->scatter(out, in, opts);
     });
   }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
-    return on_views([&](Taken& take) {
+    if (nccl_ && dst == getRank() && tensors.size() == 1) return self_mail_->send(tensors, tag);
+    return on_views("nccl:send", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->send(v, dst, tag);
     });
   }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
-    return on_views([&](Taken& take) {
+    if (nccl_ && src == getRank() && tensors.size() == 1) return self_mail_->recv(tensors, tag);
+    return on_views("nccl:recv", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->recv(v, src, tag);
     });
   }
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    return on_views([&](Taken& take) {
+    return on_views("nccl:recv", tensors, [&](Taken& take) {
       auto v = take(tensors);
       return inner_->recvAnysource(v, tag);
     });
   }
 
  private:
+  // `run` on the tensors as the transport takes them; a "nccl" group's operation is an
+  // event named `title` for torch's profiler, with `inputs`' shapes, as ProcessGroupNCCL's.
   template <typename Run>
-  c10::intrusive_ptr<c10d::Work> on_views(Run run) {
+  c10::intrusive_ptr<c10d::Work> on_views(const char* title, const std::vector<at::Tensor>& inputs,
+                                          Run run) {
+    std::optional<ProfiledWork::Event> event;
+    if (nccl_) event.emplace(title, inputs);
     Taken taken(check_, views_, nccl_);
     c10::intrusive_ptr<c10d::Work> work = run(taken);
-    if (taken.pairs()->empty()) return work;
-    return c10::make_intrusive<ViewWork>(std::move(work), taken.pairs());
+    if (!taken.pairs()->empty()) {
+      work = c10::make_intrusive<ViewWork>(std::move(work), taken.pairs());
+    }
+    if (!event) return work;
+    return c10::make_intrusive<ProfiledWork>(std::move(work), std::move(*event));
   }
 
   c10::intrusive_ptr<c10d::Backend> inner_;
   GpuCheck check_;
   const bool views_;
   const bool nccl_;
+  std::shared_ptr<SelfMail> self_mail_ = std::make_shared<SelfMail>();
 };
 
 }  // namespace

@@ -206,7 +206,9 @@ class Call {
     }
     {
       memory::DeviceScope scope(out_device().is_cuda() ? out_device().index() : -1);
+      const std::optional<c10::ScalarType> cast_back = half_to_float(first);
       op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+      if (cast_back) stack_.back() = stack_.back().toTensor().to(*cast_back);
     }
     draws.reset();
     const std::size_t returned = op_.schema().returns().size();
@@ -215,6 +217,28 @@ class Call {
   }
 
  private:
+  // CUDA's softmax takes a half input to a float output (half_to_float, as autocast's
+  // softmax in float32 asks), and its backward a float gradient to a half one; the CPU's
+  // kernels refuse both. The input goes to float first, and the backward's result back to
+  // the input's dtype (returned: the dtype to cast the result to).
+  std::optional<c10::ScalarType> half_to_float(std::size_t first) {
+    const std::string& name = op_.operator_name().name;
+    if (!op_.operator_name().overload_name.empty()) return std::nullopt;
+    if (name == "aten::_softmax" || name == "aten::_log_softmax") {
+      if (!stack_[first + 2].toBool()) return std::nullopt;
+      stack_[first] = stack_[first].toTensor().to(at::kFloat);
+      stack_[first + 2] = false;
+    } else if (name == "aten::_softmax_backward_data" ||
+               name == "aten::_log_softmax_backward_data") {
+      const c10::ScalarType grad = stack_[first].toTensor().scalar_type();
+      const auto input = static_cast<c10::ScalarType>(stack_[first + 3].toInt());
+      if (grad == input) return std::nullopt;
+      stack_[first + 3] = static_cast<int64_t>(grad);
+      return input;
+    }
+    return std::nullopt;
+  }
+
   c10::Device out_device() const {
     if (target_) return *target_;
     if (device_) return *device_;

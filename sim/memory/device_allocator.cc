@@ -164,6 +164,7 @@ class DeviceAllocator final : public c10::Allocator {
     after_fork_in_parent();
     forked_ = true;
   }
+  void count_again() { forked_ = false; }
 
  private:
   // `n` bytes of the device's model, or CUDA's out-of-memory error.
@@ -264,6 +265,10 @@ std::optional<std::uint64_t> free_memory(int device) {
   std::optional<std::uint64_t> bytes;
   with_model(device, [&](Device& d) { bytes = d.model.free_bytes(); });
   return bytes;
+}
+
+void count_in_forked_child() {
+  if (g_allocator != nullptr) g_allocator->count_again();
 }
 
 bool counts_in_device_scopes() { return g_allocator != nullptr && g_allocator->scoped(); }

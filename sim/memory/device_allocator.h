@@ -50,6 +50,11 @@ void share_node_memory(contract::NodeMemory* ledger, const std::vector<int>& nod
 // what no process on the node holds where its capacity is shared; std::nullopt as below.
 std::optional<std::uint64_t> free_memory(int device);
 
+// In a forked child, which counts nothing (a data-loader worker): its allocations count
+// again, as a process's that starts using the devices, for a child of a process that had not
+// used them (on a GPU node: had not initialised CUDA) before it forked.
+void count_in_forked_child();
+
 // Whether allocations count only inside DeviceScopes (count_in_device_scopes() was called).
 bool counts_in_device_scopes();
 

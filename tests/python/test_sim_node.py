@@ -212,3 +212,19 @@ def test_two_processes_on_one_gpu_share_its_capacity(how):
                         f"{holder} has 3.00 GiB memory in use."), out
     assert lines[2] == "cuda:1 free 4.0", out
     assert lines[3] == "after 2.0", out
+
+
+def test_softmax_from_half_to_float_runs_as_cuda_runs_it():
+    """Autocast's float32 softmax of a half tensor (half_to_float, which the CPU's kernel
+    refuses) and its backward, which hands the half input a half gradient."""
+    code, out, err = python("""
+        import torch
+        x = torch.randn(4, 8, device="cuda", dtype=torch.half, requires_grad=True)
+        y = torch.softmax(x, -1, dtype=torch.float32)
+        y[:, 0].sum().backward()
+        expect = torch.softmax(x.detach().cpu().float(), -1)
+        print(y.dtype, x.grad.dtype, torch.allclose(y.detach().cpu(), expect),
+              torch._log_softmax(x.detach(), 1, True).dtype)
+    """, env=off_node_env(SGPU_BACKEND="sim"))
+    assert code == 0, err
+    assert out.strip() == "torch.float32 torch.float16 True torch.float32", out

@@ -1,7 +1,9 @@
 """The "sgpu" backend against PyTorch's own distributed suite (torch_suite/runner.py), on both
 simulated transports, beside gloo on the same tests in the same run: every test gloo passes,
 sgpu passes, but for the differences docs/simulation.md lists ("sgpu" against torch's suite), which
-are asserted to stay as they are, so that the list stays true.
+are asserted to stay as they are, so that the list stays true. And the suite as upstream runs it
+for NCCL, BACKEND=nccl under `sgpu sim`: a fixed selection of what passes there (the whole
+suite's counts are docs/simulation.md's, "nccl" against torch's suite).
 
 The selection takes each collective and object collective once, every reduction and the
 dtypes the suite's helpers loop over, rather than the suite's 106 CPU tests: a test costs
@@ -14,6 +16,8 @@ import sys
 import xml.etree.ElementTree as ElementTree
 
 import pytest
+
+from sgpu_cli import SGPU, needs_cli
 
 RUNNER = pathlib.Path(__file__).parent / "torch_suite" / "runner.py"
 
@@ -115,3 +119,45 @@ def test_sgpu_passes_what_gloo_passes_in_torchs_own_suite(transport, gloo, tmp_p
         outcome, text = sgpu[name]
         assert outcome == "failed" and reason in text, (
             f"{name} now gives {outcome} on sgpu ({text[-800:]}): update DIFFERENCES and docs/simulation.md")
+
+
+# What upstream's NCCL suite runs that the simulated node passes, one test a kind: the
+# collectives on cuda tensors (each an "nccl:<op>" profiler event), point to point (to the
+# rank itself too), object collectives at the DETAIL debug level, SyncBatchNorm's CUDA-only
+# kernels, DDP, a device mesh, and a hang told in NCCL's watchdog's words.
+NCCL_SELECTION = [
+    "test_all_reduce_sum_cuda",
+    "test_broadcast_cuda",
+    "test_reduce_sum_cuda",
+    "test_all_gather_cuda",
+    "test_all_to_all_single_equal_split_cuda",
+    "test_barrier_cuda",
+    "test_send_recv_nccl",
+    "test_batch_isend_irecv_self_nccl",
+    "test_all_gather_object_default_pg",
+    "test_DistributedDataParallel",
+    "test_DistributedDataParallel_SyncBatchNorm",
+    "test_ddp_device_mesh_initialization",
+    "test_monitored_barrier_allreduce_hang",
+]
+
+
+@needs_cli
+def test_torchs_nccl_suite_passes_on_the_simulated_node(tmp_path):
+    (tmp_path / "barrier").touch()
+    report = tmp_path / "report.xml"
+    env = dict(os.environ, BACKEND="nccl", WORLD_SIZE="2", TEMP_DIR=str(tmp_path),
+               DISTRIBUTED_TESTS_DEFAULT_TIMEOUT="120", SGPU_TRACKING="off")
+    env.pop("SGPU_BACKEND", None)  # `sgpu sim` sets it for the session
+    tests = [f"{RUNNER}::TestSuite::{name}" for name in NCCL_SELECTION]
+    done = subprocess.run(
+        [SGPU, "sim", "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--confcutdir={RUNNER.parent}", f"--junitxml={report}", *tests],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert report.exists(), f"the suite did not run:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    outcome = {case.get("name"): [child.tag for child in case] for case in
+               ElementTree.parse(report).iter("testcase")}
+    assert set(outcome) == set(NCCL_SELECTION), outcome
+    not_passed = {name: tags for name, tags in outcome.items()
+                  if {"failure", "error", "skipped"} & set(tags)}
+    assert not not_passed, f"{not_passed}\n{done.stdout[-6000:]}"

@@ -4,6 +4,10 @@ module test_torch_suite.py runs it under pytest, once a backend and transport.
 
     BACKEND=sgpu|gloo WORLD_SIZE=2 TEMP_DIR=<a folder holding a file named barrier>
     [SGPU_SIM_TRANSPORT=shm|gloo] python -m pytest runner.py::<class>::<test> ...
+    sgpu sim -- env BACKEND=nccl WORLD_SIZE=2 TEMP_DIR=... python -m pytest runner.py
+
+With BACKEND=nccl under `sgpu sim`, the suite runs as upstream runs it on a GPU node: its
+ranks see the simulated node's GPUs and form "nccl" groups on the simulated transport.
 
 For "sgpu", the suite sees what a rank of an sgpu launch sees: the simulated backend, the
 collective recorder with a rank folder each, and "sgpu" wherever the suite admits "gloo"
@@ -42,10 +46,11 @@ if BACKEND == "sgpu":
 
 
 def suite_module():
-    """distributed_test.py, or for sgpu a copy of it whose gloo-only name gates admit sgpu."""
+    """distributed_test.py, or for sgpu a copy of it whose gloo-only name gates admit sgpu.
+    gloo and nccl (under `sgpu sim`, on simulated GPUs) take the suite as upstream runs it."""
     from torch.testing._internal.distributed import distributed_test
 
-    if BACKEND == "gloo":
+    if BACKEND in ("gloo", "nccl"):
         return distributed_test
     with open(distributed_test.__file__) as f:
         source = f.read()
