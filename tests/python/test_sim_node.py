@@ -228,3 +228,19 @@ def test_softmax_from_half_to_float_runs_as_cuda_runs_it():
     """, env=off_node_env(SGPU_BACKEND="sim"))
     assert code == 0, err
     assert out.strip() == "torch.float32 torch.float16 True torch.float32", out
+
+
+def test_a_callers_results_on_the_node_land_on_its_simulated_gpus():
+    """A caller on the node gets its ranks' cuda tensors on the GPUs they were on, as a
+    caller on a GPU node does (off a node, they land on its CPU)."""
+    body = """
+        import sgpu, torch
+        def f():
+            import os, torch
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            return torch.full((2,), float(os.environ["LOCAL_RANK"]), device="cuda")
+        print([f"{t.device} {t.tolist()}" for t in sgpu.distributed(gpus=2)(f).distributed()])
+    """
+    code, out, err = python(body, env=off_node_env(SGPU_BACKEND="sim", SGPU_TRACKING="off"))
+    assert code == 0, err
+    assert out.strip() == "['cuda:0 [0.0, 0.0]', 'cuda:1 [1.0, 1.0]']", out
