@@ -266,25 +266,15 @@ class Taken {
   std::shared_ptr<Pairs> pairs_ = std::make_shared<Pairs>();
 };
 
-class ViewWork final : public c10d::Work {
+class ViewWork final : public collectives::ForwardingWork {
  public:
   ViewWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<const Pairs> pairs)
-      : c10d::Work(-1, inner->retrieveOpType()),
-        inner_(std::move(inner)),
-        pairs_(std::move(pairs)) {}
+      : ForwardingWork(inner, inner->retrieveOpType()), pairs_(std::move(pairs)) {}
 
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return originals(inner_->result(), *pairs_); }
-  void synchronize() override { inner_->synchronize(); }
-  bool wait(std::chrono::milliseconds timeout) override { return inner_->wait(timeout); }
-  void abort() override { inner_->abort(); }
-  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+  std::vector<at::Tensor> result() override { return originals(inner().result(), *pairs_); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     auto pairs = pairs_;
-    return inner_->getFuture()->then(
+    return inner().getFuture()->then(
         [pairs](c10::ivalue::Future& done) -> c10::IValue {
           const c10::IValue& value = done.value();
           if (!value.isTensorList()) return value;
@@ -294,14 +284,13 @@ class ViewWork final : public c10d::Work {
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> inner_;
   std::shared_ptr<const Pairs> pairs_;
 };
 
 // A "nccl" group's operation as torch's profiler sees ProcessGroupNCCL's: an async event named
 // "nccl:<op>" with the input tensors' shapes, from its start to its end (its wait, or its
 // future's completion).
-class ProfiledWork final : public c10d::Work {
+class ProfiledWork final : public collectives::ForwardingWork {
  public:
   // The event, started before the operation runs.
   class Event {
@@ -332,25 +321,18 @@ class ProfiledWork final : public c10d::Work {
   };
 
   ProfiledWork(c10::intrusive_ptr<c10d::Work> inner, Event event)
-      : c10d::Work(-1, inner->retrieveOpType()),
-        inner_(std::move(inner)),
+      : ForwardingWork(inner, inner->retrieveOpType()),
         event_(std::make_shared<Event>(std::move(event))) {
-    if (inner_->isCompleted()) event_->end();
+    if (this->inner().isCompleted()) event_->end();
   }
   ~ProfiledWork() override { event_->end(); }
 
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return inner_->result(); }
-  void synchronize() override { inner_->synchronize(); }
   // A collective that times out says so in NCCL's watchdog's words, which code written for
   // NCCL matches ("caught collective operation timeout"), with sgpu's verdict after them.
   bool wait(std::chrono::milliseconds timeout) override {
     const auto start = std::chrono::steady_clock::now();
     try {
-      const bool done = inner_->wait(timeout);
+      const bool done = inner().wait(timeout);
       event_->end();
       return done;
     } catch (const c10::DistBackendError& e) {
@@ -366,16 +348,13 @@ class ProfiledWork final : public c10d::Work {
                           ")");
     }
   }
-  void abort() override { inner_->abort(); }
-  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    c10::intrusive_ptr<c10::ivalue::Future> future = inner_->getFuture();
+    c10::intrusive_ptr<c10::ivalue::Future> future = inner().getFuture();
     future->addCallback([event = event_](c10::ivalue::Future&) { event->end(); });
     return future;
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> inner_;
   std::shared_ptr<Event> event_;
 };
 

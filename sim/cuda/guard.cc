@@ -28,8 +28,6 @@ struct Event {
   bool was_recorded = false;
 };
 
-void check_index(c10::DeviceIndex index) { check_ordinal(index); }
-
 class Guard final : public c10::impl::DeviceGuardImplInterface {
  public:
   c10::DeviceType type() const override { return c10::DeviceType::CUDA; }
@@ -40,14 +38,14 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Device getDevice() const override { return {c10::DeviceType::CUDA, t_device}; }
   void setDevice(c10::Device device) const override {
-    check_index(device.index());
+    check_ordinal(device.index());
     t_device = device.index();
   }
   void uncheckedSetDevice(c10::Device device) const noexcept override {
     if (device.index() >= 0 && device.index() < g_count) t_device = device.index();
   }
   c10::Stream getStream(c10::Device device) const override {
-    check_index(device.index());
+    check_ordinal(device.index());
     return c10::Stream(c10::Stream::UNSAFE, device, t_stream[device.index()]);
   }
   c10::Stream getDefaultStream(c10::Device device) const override {
@@ -69,7 +67,7 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
               const c10::EventFlag) const override {
-    check_index(stream.device_index());
+    check_ordinal(stream.device_index());
     if (*event == nullptr) *event = new Event;
     auto* e = static_cast<Event*>(*event);
     e->recorded = std::chrono::steady_clock::now();

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <utility>
+#include <vector>
 
 #include "contract/collective_ring.h"
 
@@ -39,6 +41,32 @@ bool holds_data(const at::Tensor& t);
 
 // A Work done already, its future holding `value`.
 c10::intrusive_ptr<c10d::Work> completed_work(c10::IValue value);
+
+// A Work in front of another: every question goes to the inner one; a subclass overrides
+// what it adds (the recorder's end of an entry, a CUDA-on-sim group's views or profiler
+// event).
+class ForwardingWork : public c10d::Work {
+ public:
+  ForwardingWork(c10::intrusive_ptr<c10d::Work> inner, c10d::OpType type)
+      : c10d::Work(-1, type), inner_(std::move(inner)) {}
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override { return inner_->wait(timeout); }
+  void abort() override { inner_->abort(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+
+ protected:
+  c10d::Work& inner() const { return *inner_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+};
 
 // "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum".
 std::string reduce_op_name(const c10d::ReduceOp& op);

@@ -33,29 +33,23 @@ EntryState state_of(c10d::Work& work) {
 // A Work whose end the ring learns when the rank waits for it or finds it complete, or
 // from its future: `future` (when the Work has one) completes only after the ring has
 // the end, so a rank that waits on it cannot exit before the entry is ended.
-class RecordedWork final : public c10d::Work {
+class RecordedWork final : public ForwardingWork {
  public:
   RecordedWork(c10::intrusive_ptr<c10d::Work> inner, CollectiveRing* ring, std::uint64_t serial,
                c10::intrusive_ptr<c10::ivalue::Future> future)
-      : c10d::Work(-1, c10d::OpType::UNKNOWN),
-        inner_(std::move(inner)),
+      : ForwardingWork(std::move(inner), c10d::OpType::UNKNOWN),
         ring_(ring),
         serial_(serial),
         future_(std::move(future)) {}
 
   bool isCompleted() override {
-    const bool done = inner_->isCompleted();
-    if (done) settle(state_of(*inner_));
+    const bool done = inner().isCompleted();
+    if (done) settle(state_of(inner()));
     return done;
   }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return inner_->result(); }
-  void synchronize() override { inner_->synchronize(); }
   bool wait(std::chrono::milliseconds timeout) override {
     try {
-      const bool done = inner_->wait(timeout);
+      const bool done = inner().wait(timeout);
       if (done) settle(EntryState::kCompleted);
       return done;
     } catch (...) {
@@ -63,18 +57,15 @@ class RecordedWork final : public c10d::Work {
       throw;
     }
   }
-  void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return future_ ? future_ : inner_->getFuture();
+    return future_ ? future_ : inner().getFuture();
   }
-  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
  private:
   void settle(EntryState state) {
     if (!settled_.exchange(true)) ring_->end(serial_, state);
   }
 
-  c10::intrusive_ptr<c10d::Work> inner_;
   CollectiveRing* ring_;
   std::uint64_t serial_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
