@@ -112,9 +112,6 @@ std::string platform_of_spec(std::string_view spec) {
   return platform;
 }
 
-}  // namespace sgpu::sim
-
-namespace sgpu::sim {
 namespace {
 
 // The UUID torch.cuda.get_device_properties() gives simulated GPU `index`
