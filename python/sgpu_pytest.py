@@ -60,11 +60,13 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "sgpu(gpus=N, **options): run the test function on N GPUs as a distributed "
         "function (sgpu.distributed's keywords); every rank must pass")
-    config.stash[_GPU_TESTS] = {"ran": 0, "skipped": {}}
+    _GPU_TESTS.update(ran=0, skipped={}, items=set())
 
 
 _GPU_WORDS = ("cuda", "gpu", "nccl")
-_GPU_TESTS = pytest.StashKey[dict]()
+# The session's tests that ask for a GPU ("items", node ids), how many of them ran, and the
+# reasons of those skipped, with their counts.
+_GPU_TESTS: dict = {"ran": 0, "skipped": {}, "items": set()}
 
 
 def _asks_for_gpu(item) -> bool:
@@ -102,28 +104,20 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def _count_gpu_test(report) -> None:
-    config = _SESSION.get("config")
-    if config is None:
-        return
-    tally = config.stash[_GPU_TESTS]
     reason = _gpu_skip_reason(report)
     if reason is not None:
-        tally["skipped"][reason] = tally["skipped"].get(reason, 0) + 1
-    elif report.when == "call" and report.nodeid in _SESSION["gpu_items"]:
-        tally["ran"] += 1
-
-
-_SESSION: dict = {}
+        _GPU_TESTS["skipped"][reason] = _GPU_TESTS["skipped"].get(reason, 0) + 1
+    elif report.when == "call" and report.nodeid in _GPU_TESTS["items"]:
+        _GPU_TESTS["ran"] += 1
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    _SESSION["config"] = config
-    _SESSION["gpu_items"] = {item.nodeid for item in items if _asks_for_gpu(item)}
+    _GPU_TESTS["items"] = {item.nodeid for item in items if _asks_for_gpu(item)}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    tally = config.stash.get(_GPU_TESTS, None)
-    if tally is None or (not tally["ran"] and not tally["skipped"]):
+    tally = _GPU_TESTS
+    if not tally["ran"] and not tally["skipped"]:
         return
     where = os.environ.get("SGPU_BACKEND") or "this machine"
     if where == "sim":
