@@ -4,18 +4,11 @@ collective ("Duplicate GPU detected"). Not collected by default: the suite's own
 and expects it to fail."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int) -> None:
@@ -28,5 +21,5 @@ def _rank(rank: int, world: int, port: int) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_ranks_without_set_device():
-    mp.spawn(_rank, args=(2, _free_port()), nprocs=2)
+def test_ranks_without_set_device(free_port):
+    mp.spawn(_rank, args=(2, free_port), nprocs=2)

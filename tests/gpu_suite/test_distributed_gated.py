@@ -2,7 +2,6 @@
 gated by skip_if_lt_x_gpu, and an mp.spawn of an NCCL DDP group by env://."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -37,12 +36,6 @@ class NcclAllReduceTest(MultiProcessTestCase):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(rank: int, world: int, port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -62,5 +55,5 @@ def _train(rank: int, world: int, port: int) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs")
-def test_ddp_replicas_agree_after_training():
-    mp.spawn(_train, args=(4, _free_port()), nprocs=4)
+def test_ddp_replicas_agree_after_training(free_port):
+    mp.spawn(_train, args=(4, free_port), nprocs=4)
