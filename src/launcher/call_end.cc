@@ -38,15 +38,6 @@ std::string timed_out(const CallEnd& end) {
   return end.collectives.verdict.empty() ? headline : with_rings(end, headline);
 }
 
-std::string hung(const CallEnd& end) {
-  const auto limit = end.hang_timeout.value_or(std::chrono::milliseconds(0));
-  return "sgpu: " + end.label + " hung: " + end.collectives.verdict + "\n" + end.collectives.table +
-         end.stacks + "\n(" + contract::spell("hang_timeout") + " is " +
-         describe_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count()) +
-         ": a collective was in flight that long; raise it for steps that wait longer, or pass " +
-         contract::spell_none("hang_timeout") + ")";
-}
-
 std::string cancelled(const CallEnd& end) { return "sgpu: " + end.label + " " + end.reason; }
 
 std::string peer_failed(const CallEnd& end) {
@@ -76,7 +67,7 @@ struct Ending {
 constexpr Ending kEndings[] = {
     {Outcome::kRankFailed, rank_failed, ErrorClass::kDistributed},
     {Outcome::kTimedOut, timed_out, ErrorClass::kTimeout},
-    {Outcome::kHung, hung, ErrorClass::kHang},
+    {Outcome::kHung, hung_headline, ErrorClass::kHang},
     {Outcome::kCancelled, cancelled, ErrorClass::kCancelled},
     {Outcome::kPeerFailed, peer_failed, ErrorClass::kDistributed},
     {Outcome::kStartFailed, start_failed, ErrorClass::kDistributed},
@@ -90,6 +81,15 @@ std::exception_ptr make(std::string text, CallEnd& end) {
 }
 
 }  // namespace
+
+std::string hung_headline(const CallEnd& end) {
+  const auto limit = end.hang_timeout.value_or(std::chrono::milliseconds(0));
+  return "sgpu: " + end.label + " hung: " + end.collectives.verdict + "\n" + end.collectives.table +
+         end.stacks + "\n(" + contract::spell("hang_timeout") + " is " +
+         describe_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count()) +
+         ": a collective was in flight that long; raise it for steps that wait longer, or pass " +
+         contract::spell_none("hang_timeout") + ")";
+}
 
 std::string failed_headline(const CallEnd& end, int failed) {
   return "sgpu: " + std::to_string(failed) + " of " + std::to_string(end.world_size) +

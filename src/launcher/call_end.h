@@ -49,6 +49,11 @@ struct CallEnd {
 // "sgpu: 2 of 8 ranks of train failed" (with " (2 nodes)" over several).
 std::string failed_headline(const CallEnd& end, int failed);
 
+// "sgpu: train hung: <verdict>", each rank's last collectives, the stacks, and the hang
+// timeout that judged it: a hang's headline, for a launch's ranks and for a world of
+// processes on a simulated node alike (launcher/node_watch.h).
+std::string hung_headline(const CallEnd& end);
+
 // The error the call ends in, its root cause marked in its rows; null for a success with
 // every planned fault acted (whose results the caller then reads).
 std::exception_ptr error_of(CallEnd end);

@@ -7,6 +7,9 @@
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <string>
+
+#include "contract/atomic_file.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -155,6 +158,23 @@ void write_flight_recorder_dumps(const std::vector<RankView>& ranks,
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out) throw std::runtime_error("cannot write the flight-recorder dump " + file.string());
   }
+}
+
+Diagnosis diagnose_into(const std::vector<RankView>& ranks, const contract::RunFolder& folder) {
+  const Diagnosis d = diagnose(ranks, wall_now_ns());
+  std::string report = d.verdict.empty() ? "" : d.verdict + "\n\n";
+  report += d.table + "\n";
+  try {
+    contract::write_file_atomically(folder.collectives_report(), report);
+  } catch (const std::exception&) {
+    // The verdict carries the same text.
+  }
+  try {
+    write_flight_recorder_dumps(ranks, folder.flight_recorder());
+  } catch (const std::exception&) {
+    // The rings stay in the folder.
+  }
+  return d;
 }
 
 }  // namespace sgpu::launcher

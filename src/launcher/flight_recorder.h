@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "contract/run_folder.h"
 #include "launcher/hang_diagnosis.h"
 
 namespace sgpu::launcher {
@@ -18,5 +19,10 @@ namespace sgpu::launcher {
 // naming the file when one cannot be written.
 void write_flight_recorder_dumps(const std::vector<RankView>& ranks,
                                  const std::filesystem::path& dir);
+
+// The verdict for the ranks' rings now, written with their table to `folder`'s
+// collectives.txt and as flight-recorder dumps into its flight-recorder/ (what cannot be
+// written is left out: the verdict is returned all the same).
+Diagnosis diagnose_into(const std::vector<RankView>& ranks, const contract::RunFolder& folder);
 
 }  // namespace sgpu::launcher

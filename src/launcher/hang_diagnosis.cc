@@ -321,6 +321,19 @@ std::optional<InFlight> longest_in_flight(const std::vector<RankView>& ranks) {
   return longest;
 }
 
+std::int64_t wall_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool in_flight_for(const std::vector<RankView>& ranks, std::chrono::milliseconds limit,
+                   std::int64_t now_ns) {
+  const std::optional<InFlight> longest = longest_in_flight(ranks);
+  return longest && now_ns - longest->since_ns >=
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+}
+
 Diagnosis diagnose(const std::vector<RankView>& ranks, std::int64_t now_ns, int depth) {
   const std::vector<Group> groups = groups_of(ranks);
   // The group waited on longest: the one holding the oldest entry in flight (else the

@@ -48,6 +48,13 @@ struct InFlight {
 };
 std::optional<InFlight> longest_in_flight(const std::vector<RankView>& ranks);
 
+// The wall clock in nanoseconds, as the rings' times are.
+std::int64_t wall_now_ns();
+
+// True when some rank has been in one collective for `limit` or longer at `now_ns`.
+bool in_flight_for(const std::vector<RankView>& ranks, std::chrono::milliseconds limit,
+                   std::int64_t now_ns);
+
 // Every process group some rank recorded, by name, with its global ranks (all of the
 // call's when no rank knows them).
 std::map<std::string, std::vector<int>> recorded_groups(const std::vector<RankView>& ranks);

@@ -70,9 +70,6 @@ namespace {
 constexpr auto kDrainLimit = std::chrono::seconds(1);
 // How long the ranks' threads have to dump their stacks, and how much of the culprit's
 // the error quotes.
-constexpr auto kStackLimit = std::chrono::milliseconds(1500);
-constexpr std::size_t kQuotedFrames = 24;
-constexpr std::size_t kQuotedWidth = 160;  // characters of a frame
 
 class CallImpl final : public detail::Call, private MonitorHooks {
  public:
@@ -197,12 +194,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
 
   // True when some rank has been in one collective longer than the hang timeout.
   bool hung() override {
-    if (!hang_timeout_) return false;
-    const auto longest = longest_in_flight(rank_views());
-    if (!longest) return false;
-    const auto since = WallClock::time_point(std::chrono::duration_cast<WallClock::duration>(
-        std::chrono::nanoseconds(longest->since_ns)));
-    return WallClock::now() - since >= *hang_timeout_;
+    return hang_timeout_ && in_flight_for(rank_views(), *hang_timeout_, wall_now_ns());
   }
 
   // What the rings say now, before teardown changes it: kept for the error, and written to
@@ -210,26 +202,10 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   // rank's failure when peers were left in a collective it names a culprit for.
   void diagnose_collectives(Outcome why) {
     if (options_.recorder_entries == 0) return;
-    const std::int64_t now =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(WallClock::now().time_since_epoch())
-            .count();
-    const std::vector<RankView> views = rank_views();
-    const Diagnosis d = launcher::diagnose(views, now);
+    const Diagnosis d = diagnose_into(rank_views(), contract::RunFolder{run_dir_});
     collectives_.verdict = d.verdict;
     collectives_.culprits = d.culprits;
     collectives_.table = d.table;
-    std::string report = d.verdict.empty() ? "" : d.verdict + "\n\n";
-    report += d.table + "\n";
-    try {
-      contract::write_file_atomically(contract::RunFolder{run_dir_}.collectives_report(), report);
-    } catch (const std::exception&) {
-      // The error carries the same text.
-    }
-    try {
-      write_flight_recorder_dumps(views, contract::RunFolder{run_dir_}.flight_recorder());
-    } catch (const std::exception&) {
-      // The rings stay in the run folder.
-    }
     if (!d.verdict.empty() && (why != Outcome::kRankFailed || !d.culprits.empty())) {
       take_rank_stacks();
     }
@@ -243,25 +219,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       if (slot.pid <= 0 || slot.exit) continue;
       if (auto target = program_->stack_target(slot)) targets.push_back(std::move(*target));
     }
-    if (targets.empty()) return;
-    const std::vector<RankStacks> stacks = take_stacks(targets, kStackLimit);
-    std::string all;
-    for (const RankStacks& rank : stacks) all += format_stacks(rank) + "\n";
-    const std::filesystem::path file = contract::RunFolder{run_dir_}.stacks_report();
-    try {
-      contract::write_file_atomically(file, all);
-      collectives_.stacks = file;
-    } catch (const std::exception&) {
-    }
-    for (int culprit : collectives_.culprits) {
-      for (const RankStacks& rank : stacks) {
-        if (rank.rank != culprit || rank.threads.empty()) continue;
-        RankStacks main_thread = rank;
-        main_thread.threads.resize(1);
-        collectives_.culprit_stack = format_stacks(main_thread, kQuotedFrames, kQuotedWidth);
-        return;
-      }
-    }
+    report_stacks(targets, contract::RunFolder{run_dir_}.stacks_report(), collectives_);
   }
 
   // What the call's error is made of (call_end.h), for `outcome`.
@@ -274,7 +232,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     end.rows = all_rows();
     end.run_dir = run_dir_;
     end.collectives = collectives_;
-    end.stacks = stack_text();
+    end.stacks = stacks_text(collectives_);
     end.timeout = options_.timeout;
     end.hang_timeout = hang_timeout_;
     end.reason = std::move(reason);
@@ -509,18 +467,6 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   }
 
   // The culprit's stack as the error quotes it, and where the others are; "" without.
-  std::string stack_text() const {
-    std::string text;
-    if (!collectives_.culprit_stack.empty()) {
-      text += "\nthe stack of " + collectives_.culprit_stack;
-      text.pop_back();
-    }
-    if (!collectives_.stacks.empty()) {
-      text += "\nevery live rank's stacks: " + collectives_.stacks.string();
-    }
-    return text;
-  }
-
   // Every rank's row, this node's and the other nodes' (from their reports), in rank order.
   std::vector<RankFailure> all_rows() const {
     std::vector<RankFailure> rows;

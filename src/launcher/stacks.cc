@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "contract/atomic_file.h"
 #include "contract/stack_dump.h"
 #include "launcher/symbols.h"
 
@@ -19,6 +20,10 @@ namespace sgpu::launcher {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr auto kStackLimit = std::chrono::milliseconds(1500);
+constexpr std::size_t kQuotedFrames = 24;
+constexpr std::size_t kQuotedWidth = 160;  // characters of a frame
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -237,6 +242,38 @@ std::string format_stacks(const RankStacks& stacks, std::size_t max_frames, std:
     std::istringstream lines(stacks.python);
     for (std::string line; std::getline(lines, line);) text += "    " + line + "\n";
   }
+  return text;
+}
+
+void report_stacks(const std::vector<StackTarget>& targets, const std::filesystem::path& file,
+                   CollectiveDiagnosis& into) {
+  if (targets.empty()) return;
+  const std::vector<RankStacks> stacks = take_stacks(targets, kStackLimit);
+  std::string all;
+  for (const RankStacks& rank : stacks) all += format_stacks(rank) + "\n";
+  try {
+    contract::write_file_atomically(file, all);
+    into.stacks = file;
+  } catch (const std::exception&) {
+  }
+  for (int culprit : into.culprits) {
+    for (const RankStacks& rank : stacks) {
+      if (rank.rank != culprit || rank.threads.empty()) continue;
+      RankStacks main_thread = rank;
+      main_thread.threads.resize(1);
+      into.culprit_stack = format_stacks(main_thread, kQuotedFrames, kQuotedWidth);
+      return;
+    }
+  }
+}
+
+std::string stacks_text(const CollectiveDiagnosis& diagnosis) {
+  std::string text;
+  if (!diagnosis.culprit_stack.empty()) {
+    text += "\nthe stack of " + diagnosis.culprit_stack;
+    text.pop_back();
+  }
+  if (!diagnosis.stacks.empty()) text += "\nevery live rank's stacks: " + diagnosis.stacks.string();
   return text;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "sgpu/errors.h"
+
 namespace sgpu::launcher {
 
 struct StackTarget {
@@ -43,5 +45,15 @@ std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
 // each cut to `max_width` characters.
 std::string format_stacks(const RankStacks& stacks, std::size_t max_frames = 64,
                           std::size_t max_width = std::string::npos);
+
+// Takes every target's stacks, writes them all to `file` (stacks.txt) and quotes the main
+// thread of the diagnosis's first culprit that answered: `into`'s stacks and culprit_stack,
+// as a hang's error shows them. Nothing without targets.
+void report_stacks(const std::vector<StackTarget>& targets, const std::filesystem::path& file,
+                   CollectiveDiagnosis& into);
+
+// What a diagnosis says of the stacks, after its table: "\nthe stack of rank 1 ...\nevery
+// live rank's stacks: FILE"; "" when none were taken.
+std::string stacks_text(const CollectiveDiagnosis& diagnosis);
 
 }  // namespace sgpu::launcher
