@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,25 +31,56 @@ namespace {
 
 // This rank's faults, read from the plan once: by bind() before the function runs, or by
 // the first process group of a rank that was not bound here (a program's rank, whose
-// supervisor bound it: NOTE [A program's supervisor]).
+// supervisor bound it: NOTE [A program's supervisor]). A process on the node that sgpu did
+// not start reads them anew for each world it forms, for its rank there.
 struct RankFaults {
   std::vector<Fault> faults;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::atomic<int> collectives{0};
 };
 
+// `plan_world`: the ranks the plan may name (a world on the node may have fewer than the
+// plan names: the others' faults act in no process of it).
+RankFaults* read_faults(int rank, int plan_world) {
+  auto* state = new RankFaults;  // outlives any exit path, and any world it was read for
+  const std::string plan = contract::environment_text("sim_faults");
+  if (plan.empty()) return state;
+  for (const Fault& fault : parse_faults(plan, plan_world)) {
+    if (fault.rank == rank) state->faults.push_back(fault);
+  }
+  return state;
+}
+
+std::atomic<RankFaults*> g_node_world_faults{nullptr};
+
 RankFaults& rank_faults() {
+  if (RankFaults* node_world = g_node_world_faults.load()) return *node_world;
   static RankFaults* faults = [] {
-    auto* state = new RankFaults;  // outlives any exit path
-    const std::string plan = contract::environment_text("sim_faults");
-    if (plan.empty()) return state;
     const contract::RankEnvironment env = contract::read_rank_environment();
-    for (const Fault& fault : parse_faults(plan, env.world_size)) {
-      if (fault.rank == env.rank) state->faults.push_back(fault);
-    }
-    return state;
+    return read_faults(env.rank, env.world_size);
   }();
   return *faults;
+}
+
+// Start faults act now; timed ones are armed to act from now.
+void act_start_faults(const RankFaults& state) {
+  for (const Fault& fault : state.faults) {
+    if (fault.point == Fault::Point::kStart && fault.action != Fault::Action::kSlow) act(fault);
+    if (fault.point == Fault::Point::kAfter && fault.action != Fault::Action::kSlow) {
+      std::thread([fault] {
+        std::this_thread::sleep_for(fault.after);
+        act(fault);
+      }).detach();
+    }
+  }
+}
+
+// A process on the node forms a world: its faults are the plan's for its rank there, and
+// its start is now.
+void join_world_faults(int rank) {
+  RankFaults* state = read_faults(rank, std::numeric_limits<int>::max());
+  g_node_world_faults.store(state);
+  act_start_faults(*state);
 }
 
 // The transport of a rank that computes shapes only: an operation on fake tensors moves
@@ -222,18 +254,7 @@ std::vector<std::string> SimBackend::ending_faults(const Options& options) const
   return ending;
 }
 
-void SimBackend::bind_program() const {
-  RankFaults& state = rank_faults();
-  for (const Fault& fault : state.faults) {
-    if (fault.point == Fault::Point::kStart && fault.action != Fault::Action::kSlow) act(fault);
-    if (fault.point == Fault::Point::kAfter && fault.action != Fault::Action::kSlow) {
-      std::thread([fault] {
-        std::this_thread::sleep_for(fault.after);
-        act(fault);
-      }).detach();
-    }
-  }
-}
+void SimBackend::bind_program() const { act_start_faults(rank_faults()); }
 
 namespace {
 
@@ -245,6 +266,7 @@ class SimGroups final : public backend::ProcessGroupFactory {
 
 c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     const backend::ProcessGroupRequest& request) const {
+  if (request.node_world_rank >= 0) join_world_faults(request.node_world_rank);
   c10::intrusive_ptr<c10d::Backend> group;
   if (rank_transport() == Transport::kShm) {
     group = shm::make_shm_backend(request.store, request.rank, request.world_size, request.timeout,

@@ -596,6 +596,7 @@ void bind_rank_side(py::module_& m) {
   });
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("arm_program_stacks", &sgpu::launcher::arm_program_stacks);
+  m.def("node_world_rank_dir", [] { return sgpu::launcher::node_world_rank_dir().string(); });
   m.def("enter_program_shapes", &sgpu::launcher::enter_program_shapes);
   m.def("record_program_figures", [] {
     py::gil_scoped_release release;

@@ -27,14 +27,16 @@ def _in_a_call() -> bool:
     return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
 
 
-def arm_python_stacks(native) -> bool:
+def arm_python_stacks(native, rank_dir: str | None = None) -> bool:
     """Every Python thread's traceback into rank-N/stacks/python on the caller's signal
-    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs. False when
-    it cannot be armed (no folder, or no room in it): the rank then just has no Python
-    stacks, which is no reason to fail it."""
+    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs; `rank_dir`,
+    else the rank's (SGPU_RANK_DIR). False when it cannot be armed (no folder, or no room in
+    it): the rank then just has no Python stacks, which is no reason to fail it."""
     import faulthandler
 
-    folder = os.path.join(os.environ.get("SGPU_RANK_DIR", ""), "stacks")
+    if rank_dir is None:
+        rank_dir = os.environ.get("SGPU_RANK_DIR", "")
+    folder = os.path.join(rank_dir, "stacks")
     if not os.path.isdir(folder):
         return False
     global _STACK_FILE
@@ -59,8 +61,21 @@ def arm_program_stacks() -> None:
     from sgpu import _native
 
     _native.arm_program_stacks()
-    if not arm_python_stacks(_native):
-        return  # not announced: the caller's Python signal would kill the program
+    if arm_python_stacks(_native):  # else not announced: the Python signal would kill it
+        _announce_stacks(rank_dir)
+
+
+def arm_world_stacks(native) -> None:
+    """In a process on the node under `sgpu sim` that has just formed a world: its Python
+    tracebacks into its rank's folder there, announced, so that `sgpu sim` quotes them when
+    the world hangs (NOTE [A node's worlds] in src/launcher/node_watch.h)."""
+    rank_dir = native.node_world_rank_dir()
+    if rank_dir and arm_python_stacks(native, rank_dir):
+        _announce_stacks(rank_dir)
+
+
+def _announce_stacks(rank_dir: str) -> None:
+    """This process's pid in rank-N/stacks/program.pid: it answers the Python signal."""
     folder = os.path.join(rank_dir, "stacks")
     staged = os.path.join(folder, f".program.pid.{os.getpid()}")
     try:  # a full runs folder: no stacks, and the program goes on
@@ -189,7 +204,7 @@ def _create_process_group(options, _backend_options=None):
 
     timeout = options.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return _native.make_process_group(
+    group = _native.make_process_group(
         options.store,
         options.group_rank,
         options.group_size,
@@ -197,6 +212,9 @@ def _create_process_group(options, _backend_options=None):
         list(options.global_ranks_in_group or []),
         as_nccl=getattr(making_nccl, "on", False),
     )
+    if not options.global_ranks_in_group:
+        arm_world_stacks(_native)
+    return group
 
 
 def register_backend() -> None:

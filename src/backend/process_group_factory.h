@@ -32,6 +32,9 @@ struct ProcessGroupRequest {
   // The group stands for NCCL's (torch's "nccl" in a Python rank): a backend that serves it
   // with another transport refuses what NCCL refuses, and runs what NCCL runs where it can.
   bool as_nccl = false;
+  // In a process on a simulated node that sgpu did not start, forming its world (a group of
+  // every rank): its rank there, the one a fault plan names; -1 otherwise.
+  int node_world_rank = -1;
 };
 
 class ProcessGroupFactory {

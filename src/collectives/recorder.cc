@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -246,19 +247,38 @@ void settle_polled_entries(std::chrono::milliseconds limit) {
   }
 }
 
+namespace {
+
+// A ring in `folder` sized as the environment says; nullptr when recording is off.
+std::unique_ptr<CollectiveRing> make_ring(const contract::RankFolder& folder, int rank,
+                                          int world_size) {
+  const long long entries = contract::read_rank_environment().recorder_entries;
+  if (entries <= 0) return nullptr;
+  const auto capacity = static_cast<std::uint32_t>(std::min<long long>(entries, 1 << 24));
+  const model::Platform* platform = rank_platform();
+  return CollectiveRing::create(folder.collective_ring(), capacity, rank, world_size,
+                                platform ? platform->name : "");
+}
+
+}  // namespace
+
 CollectiveRing* rank_ring() {
   static CollectiveRing* ring = []() -> CollectiveRing* {
     const contract::RankEnvironment env = contract::read_rank_environment();
-    const long long entries = env.recorder_entries;
-    if (entries <= 0 || env.rank_dir.empty()) return nullptr;
-    const auto capacity = static_cast<std::uint32_t>(std::min<long long>(entries, 1 << 24));
+    if (env.rank_dir.empty()) return nullptr;
     // Lives to the rank's end: the caller reads the file, the rank only writes it.
-    const model::Platform* platform = rank_platform();
-    return CollectiveRing::create(contract::RankFolder{env.rank_dir}.collective_ring(), capacity,
-                                  env.rank, env.world_size, platform ? platform->name : "")
-        .release();
+    return make_ring(contract::RankFolder{env.rank_dir}, env.rank, env.world_size).release();
   }();
   return ring;
+}
+
+CollectiveRing* world_ring(const contract::RankFolder& folder, int rank, int world_size) {
+  try {
+    // Lives to the process's end, as a rank's does: `sgpu sim` reads it after that too.
+    return make_ring(folder, rank, world_size).release();
+  } catch (const std::exception&) {
+    return nullptr;  // the world goes unrecorded; it runs as it would
+  }
 }
 
 c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Backend> transport,

@@ -10,6 +10,7 @@
 
 #include "backend/process_group_factory.h"
 #include "contract/collective_ring.h"
+#include "contract/run_folder.h"
 
 namespace sgpu::model {
 struct Platform;
@@ -24,6 +25,12 @@ const model::Platform* rank_platform();
 // This rank's ring, created in its rank folder on first use; nullptr outside a rank, or
 // when recording is off.
 contract::CollectiveRing* rank_ring();
+
+// In a process on a simulated node that sgpu did not start (NOTE [A node's worlds] in
+// launcher/node_watch.h): a ring in `folder` for its place in a world it formed, kept to
+// the process's end; nullptr when recording is off or the ring cannot be made (the world
+// then runs unrecorded).
+contract::CollectiveRing* world_ring(const contract::RankFolder& folder, int rank, int world_size);
 
 // How an entry's end is learnt: from the Work's future (Gloo, shared memory: it completes
 // with the collective), or by asking the Work until it says it is done (NCCL, whose

@@ -51,6 +51,10 @@ inline constexpr const char* kPlatformVar = "SGPU_PLATFORM";
 // In a program `sgpu run` started: its rank's supervisor, the program's parent. The program
 // itself (not what it starts) arms its stack dumps when it imports sgpu (NOTE [Stack dumps]).
 inline constexpr const char* kSupervisorVar = "SGPU_SUPERVISOR_PID";
+// Under `sgpu sim`: the node's folder, where the processes on the node that sgpu did not
+// start record the process groups they form (NOTE [A node's worlds] in
+// launcher/node_watch.h).
+inline constexpr const char* kNodeDirVar = "SGPU_NODE_DIR";
 
 struct RankEnvironment {
   int rank = 0;

@@ -21,6 +21,11 @@
 //   rank-<N>/stacks/               the rank's threads' dumps of their own stacks
 //
 // It is kept after a failure, removed after success unless asked to keep it.
+//
+// Under `sgpu sim` the node has a folder too (NodeFolder, NOTE [A node's worlds] in
+// launcher/node_watch.h): each world that processes on the node form is a run folder in it,
+// world-<id>/, with the same rank-<N>/collectives.ring, rank-<N>/stacks/, collectives.txt,
+// stacks.txt and flight-recorder/.
 #pragma once
 
 #include <filesystem>
@@ -66,6 +71,18 @@ struct RunFolder {
 
   static constexpr const char* kRankPrefix = "rank-";
   static constexpr const char* kTrackingPendingName = "tracking-pending.json";
+};
+
+struct NodeFolder {
+  std::filesystem::path dir;
+
+  // The world `id` (its rank 0's pid and count: "4242-1").
+  RunFolder world(const std::string& id) const { return {dir / (kWorldPrefix + id)}; }
+  static bool is_world_folder_name(const std::string& name) {
+    return name.rfind(kWorldPrefix, 0) == 0 && name.size() > std::string(kWorldPrefix).size();
+  }
+
+  static constexpr const char* kWorldPrefix = "world-";
 };
 
 }  // namespace sgpu::contract

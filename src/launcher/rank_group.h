@@ -7,6 +7,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -30,7 +31,13 @@ struct RankGroupRequest {
 };
 
 // In a rank that sgpu started (its environment names the backend and the device), or in a
-// process on a simulated node (`request.backend`): no run folder, so nothing is recorded.
+// process on a simulated node (`request.backend`): there its world (a group of all ranks)
+// and that world's subgroups are recorded in the node's folder under `sgpu sim`, and
+// nowhere else (NOTE [A node's worlds] in launcher/node_watch.h).
 c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request);
+
+// In a process on a simulated node under `sgpu sim`: its rank's folder in the world it
+// joined last, where its stacks are dumped; empty when none was made.
+std::filesystem::path node_world_rank_dir();
 
 }  // namespace sgpu::launcher
