@@ -158,6 +158,23 @@ def test_without_a_node_the_plugin_says_what_was_skipped_for_want_of_a_gpu():
     assert "1 skipped: needs 2 GPUs" in done.stdout
 
 
+FRAMEWORK_GATES = """
+from lightning.pytorch.utilities.testing import _runif_reasons
+from deepspeed.accelerator import get_accelerator
+reasons, _ = _runif_reasons(min_cuda_gpus=8)
+print(reasons, get_accelerator().device_name(), get_accelerator().device_count())
+"""
+
+
+@needs_cli
+def test_lightnings_and_deepspeeds_gpu_gates_see_the_node():
+    """Lightning's RunIf(min_cuda_gpus=8) has no reason to skip, DeepSpeed's accelerator (what
+    its DistributedTest's world_size is checked against) is cuda with 8 devices."""
+    code, out, err = python(FRAMEWORK_GATES, SGPU, "sim", "--", env=off_node_env())
+    assert code == 0, err
+    assert out.strip().split("\n")[-1] == "[] cuda 8", out
+
+
 @needs_cli
 def test_a_planted_placement_bug_fails_on_the_node_as_on_a_gpu_node():
     """Ranks that never call set_device are all on cuda:0: NCCL's "Duplicate GPU detected"."""
