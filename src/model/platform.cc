@@ -151,6 +151,49 @@ json algorithm_json(const Algorithm& a,
   return j;
 }
 
+// A fraction in (0, 1], or `fallback` when absent.
+double fraction(const json& j, const char* key, double fallback, const std::string& origin) {
+  if (!j.contains(key)) return fallback;
+  const double value = number(j, key, "compute.kernels", origin);
+  if (value <= 0 || value > 1)
+    bad(origin, std::string("compute.kernels: \"") + key + "\" is " + j[key].dump() +
+                    ", not a fraction above 0 and at most 1");
+  return value;
+}
+
+KernelCosts parse_kernels(const json& j, const std::string& origin) {
+  if (!j.is_object()) bad(origin, "compute: \"kernels\" is not an object");
+  KernelCosts k;
+  k.sms = static_cast<int>(number(j, "sms", "compute.kernels", origin));
+  if (k.sms <= 0) bad(origin, "compute.kernels: \"sms\" is not above 0");
+  for (const json& tile : j.value("matmul_tiles", json::array())) {
+    if (!tile.is_array() || tile.size() != 3 || !tile[0].is_number() || !tile[1].is_number() ||
+        !tile[2].is_number() || tile[0].get<double>() < 1 || tile[1].get<double>() < 1 ||
+        tile[2].get<double>() <= 0 || tile[2].get<double>() > 1)
+      bad(origin, "compute.kernels.matmul_tiles: " + tile.dump() +
+                      " is not [rows, cols, fraction of the peak in (0, 1]]");
+    k.matmul_tiles.push_back({tile[0].get<int>(), tile[1].get<int>(), tile[2].get<double>()});
+  }
+  k.attention_efficiency = fraction(j, "attention_efficiency", 1, origin);
+  k.memory_efficiency = fraction(j, "memory_efficiency", 1, origin);
+  k.kernel_floor_us = number(j, "kernel_floor_us", "compute.kernels", origin, false);
+  k.host_us = number(j, "host_us", "compute.kernels", origin, false);
+  for (const json& s : j.value("sources", json::array())) k.sources.push_back(s.get<std::string>());
+  return k;
+}
+
+json kernels_json(const KernelCosts& k) {
+  json tiles = json::array();
+  for (const MatmulTile& t : k.matmul_tiles) tiles.push_back({t.rows, t.cols, t.efficiency});
+  return {{"sms", k.sms},
+          {"matmul_tiles", tiles},
+          {"attention_efficiency", k.attention_efficiency},
+          {"memory_efficiency", k.memory_efficiency},
+          {"kernel_floor_us", k.kernel_floor_us},
+          {"host_us", k.host_us},
+          {"sources", k.sources}};
+}
+
 Roofline parse_roofline(const json& j, const std::string& origin) {
   if (!j.is_object()) bad(origin, "\"compute\" is not an object");
   Roofline r;
@@ -174,16 +217,19 @@ Roofline parse_roofline(const json& j, const std::string& origin) {
                       ", not a fraction above 0 and at most 1");
   }
   for (const json& s : j.value("sources", json::array())) r.sources.push_back(s.get<std::string>());
+  if (j.contains("kernels")) r.kernels = parse_kernels(j["kernels"], origin);
   return r;
 }
 
 json roofline_json(const Roofline& r) {
   json peaks = json::object();
   for (const auto& [dtype, tflops] : r.peak_tflops) peaks[dtype] = tflops;
-  return {{"peak_tflops", peaks},
-          {"memory_bandwidth_gbps", r.memory_bandwidth_gbps},
-          {"efficiency", r.efficiency},
-          {"sources", r.sources}};
+  json j = {{"peak_tflops", peaks},
+            {"memory_bandwidth_gbps", r.memory_bandwidth_gbps},
+            {"efficiency", r.efficiency},
+            {"sources", r.sources}};
+  if (!r.kernels.empty()) j["kernels"] = kernels_json(r.kernels);
+  return j;
 }
 
 std::filesystem::path file_for(std::string_view name) {

@@ -46,7 +46,9 @@
 // own efficiency (a small matmul reaches far less than the peak), caches, and the overlap
 // of compute with collectives.
 // The file's "compute" object:
-//   {peak_tflops: {dtype: TFLOPS, ...}, memory_bandwidth_gbps, efficiency, sources}
+//   {peak_tflops: {dtype: TFLOPS, ...}, memory_bandwidth_gbps, efficiency, sources,
+//    kernels (NOTE [The kernel model] in model/kernels.h: what each kernel reaches of the
+//    roofline, and the launch and host costs the roofline leaves out)}
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "model/kernels.h"
 
 namespace sgpu::model {
 
@@ -110,6 +114,7 @@ struct Roofline {
   double memory_bandwidth_gbps = 0;                         // 0: the platform has none
   double efficiency = 1;                                    // (0, 1]
   std::vector<std::string> sources;
+  KernelCosts kernels;  // NOTE [The kernel model]; empty: the roofline alone
 
   bool empty() const { return memory_bandwidth_gbps <= 0; }
   // The dtype's peak: its own, else its family's ("float8" for torch's "float8_e4m3fn"
