@@ -42,6 +42,7 @@
 #include "launcher/rank_group.h"
 #include "launcher/rank_main.h"
 #include "launcher/rank_protocol.h"
+#include "model/kernels.h"
 #include "rendezvous/peer_names.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -401,6 +402,16 @@ std::string process_backend() {
   return backend;
 }
 
+// One operator of a shape-only rank (sgpu/_shapes.py) into its compute estimate: `kind`
+// "matmul" (with its batch and its m x n output of inner size k), "attention" or "other"
+// (NOTE [The kernel model]).
+void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes,
+                   const std::string& kind, double batch, double m, double n, double k) {
+  const std::optional<sgpu::model::KernelKind> parsed = sgpu::model::parse_kernel_kind(kind);
+  if (!parsed) throw py::value_error("not a kind of kernel: " + kind);
+  sgpu::launcher::count_compute(op, dtype, flops, bytes, {*parsed, batch, m, n, k});
+}
+
 // torch.distributed's creator for the "sgpu" backend: the process group the backend of
 // the call makes for C++ ranks too (Gloo with the fault plan on sim, NCCL on cuda), over
 // the store torch rendezvoused with.
@@ -608,8 +619,9 @@ void bind_rank_side(py::module_& m) {
   });
   m.def("read_call", &read_call);
   m.def("memory_stats", [] { return sgpu::memory_stats(); });
-  m.def("count_compute", &sgpu::launcher::count_compute, py::arg("op"), py::arg("dtype"),
-        py::arg("flops"), py::arg("bytes"));
+  m.def("count_compute", &count_compute, py::arg("op"), py::arg("dtype"), py::arg("flops"),
+        py::arg("bytes"), py::arg("kind") = "other", py::arg("batch") = 1.0, py::arg("m") = 0.0,
+        py::arg("n") = 0.0, py::arg("k") = 0.0);
   m.def("compute_stats", [] { return compute_dict(sgpu::launcher::rank_compute_stats()); });
   m.def("reset_peak_memory_stats", [] { sgpu::reset_peak_memory_stats(); });
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });

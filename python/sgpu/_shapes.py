@@ -83,6 +83,37 @@ def _moved_bytes(tensor: torch.Tensor) -> int:
     return numel * tensor.element_size()
 
 
+_aten = torch.ops.aten
+# A matmul's operands: (first, second) positions of its m x k and k x n matrices.
+_MATMULS = {_aten.mm: (0, 1), _aten.addmm: (1, 2), _aten.bmm: (0, 1), _aten.baddbmm: (1, 2)}
+_ATTENTION = {_aten._scaled_dot_product_flash_attention,
+              _aten._scaled_dot_product_flash_attention_backward,
+              _aten._scaled_dot_product_efficient_attention,
+              _aten._scaled_dot_product_efficient_attention_backward,
+              _aten._scaled_dot_product_cudnn_attention,
+              _aten._scaled_dot_product_cudnn_attention_backward,
+              _aten._flash_attention_forward, _aten._flash_attention_backward,
+              _aten._efficient_attention_forward, _aten._efficient_attention_backward}
+
+
+def _kernel_shape(func, args) -> dict:
+    """What the kernel model needs beyond the flops (NOTE [The kernel model] in
+    src/model/kernels.h): a matmul's batch, output rows and columns and inner size; that an
+    operator is an attention kernel."""
+    packet = func._overloadpacket
+    if packet in _ATTENTION:
+        return {"kind": "attention"}
+    operands = _MATMULS.get(packet)
+    if operands is None:
+        return {}
+    a, b = args[operands[0]], args[operands[1]]
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != b.dim():
+        return {}
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return {"kind": "matmul", "batch": float(batch), "m": float(a.shape[-2]),
+            "n": float(b.shape[-1]), "k": float(a.shape[-1])}
+
+
 def _compute_dtype(func, outputs) -> str:
     """The dtype whose peak times the operator: its first floating output's, float32 as
     "tf32" where torch lets cuBLAS (matmuls) or cuDNN (convolutions) run it on tensor
@@ -226,7 +257,7 @@ class _ShapesMode(FakeTensorMode):
         flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
         moved = sum(_moved_bytes(t) for t in inputs) + sum(_moved_bytes(t) for t in outputs)
         self._time(str(func._overloadpacket), _compute_dtype(func, outputs), float(flops),
-                   float(moved))
+                   float(moved), **_kernel_shape(func, args))
 
     def counted(self, storage, size: int, where) -> None:
         """The storage's bytes now `size` in its device's model (CUDA's out-of-memory

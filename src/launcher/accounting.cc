@@ -34,6 +34,7 @@ double predicted_comm_seconds(const CommStats& comm) {
 struct ComputeAccount {
   std::mutex mutex;
   ComputeStats stats;
+  model::OperatorTimeline timeline;  // the rank's GPU, its operators in the order counted
 };
 
 ComputeAccount& compute_account() {
@@ -43,13 +44,16 @@ ComputeAccount& compute_account() {
 
 }  // namespace
 
-void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes) {
+void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes,
+                   const model::KernelShape& shape) {
   const model::Platform* platform = collectives::rank_platform();
   const bool timed = platform != nullptr && !platform->compute.empty();
-  const double seconds =
-      timed ? model::roofline_seconds(platform->compute, flops, bytes, dtype) : 0;
+  const double kernel =
+      timed ? model::kernel_seconds(platform->compute, shape, flops, bytes, dtype) : 0;
   ComputeAccount& account = compute_account();
   std::lock_guard lock(account.mutex);
+  const double seconds =
+      timed ? account.timeline.add(platform->compute.kernels.host_us * 1e-6, kernel) : 0;
   if (timed) account.stats.platform = platform->name;
   ComputeTotals& t = account.stats.ops[op];
   t.count += 1;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "contract/collective_ring.h"
+#include "model/kernels.h"
 #include "sgpu/comm.h"
 #include "sgpu/compute.h"
 
@@ -28,9 +29,12 @@ std::string comm_summary(const std::vector<CommStats>& ranks,
 // group added up.
 std::map<std::string, double> comm_metrics(const CommStats& stats);
 
-// In a rank: one operator on its GPU, timed on the rank's platform's roofline (NOTE [The
-// compute model]; counted untimed without one). Thread-safe.
-void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes);
+// In a rank: one operator on its GPU, timed on the rank's platform (NOTE [The compute
+// model], NOTE [The kernel model]; counted untimed without one): its predicted_seconds are
+// how far it moves the end of the rank's GPU timeline, its kernel and the GPU's wait for
+// the host to issue it. Thread-safe; operators are in the timeline in the order counted.
+void count_compute(const std::string& op, const std::string& dtype, double flops, double bytes,
+                   const model::KernelShape& shape = {});
 // What count_compute added up so far in this rank; empty when nothing was counted.
 ComputeStats rank_compute_stats();
 

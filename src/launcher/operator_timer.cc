@@ -12,6 +12,7 @@
 
 #include "collectives/interposer.h"
 #include "launcher/accounting.h"
+#include "model/kernels.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -164,6 +165,29 @@ const std::map<std::string_view, Formula>& formulas() {
   return table;
 }
 
+// What the kernel model needs of the operator (NOTE [The kernel model]): a matmul's batch,
+// rows, columns and inner size from its operands (linear's from its input and weight); an
+// attention kernel by its name.
+model::KernelShape kernel_shape(std::string_view name, const Sizes& in) {
+  using model::KernelKind;
+  if (name.find("attention") != std::string_view::npos) return {KernelKind::kAttention};
+  if (name == "aten::linear") {
+    const auto &x = arg(in, 0), &w = arg(in, 1);
+    if (x.empty() || w.size() != 2 || x.back() <= 0) return {};
+    const double k = static_cast<double>(x.back());
+    return {KernelKind::kMatmul, 1, product(x) / k, static_cast<double>(w[0]), k};
+  }
+  const bool added = name == "aten::addmm" || name == "aten::baddbmm";
+  if (!added && name != "aten::mm" && name != "aten::bmm") return {};
+  const auto &x = arg(in, added ? 1 : 0), &y = arg(in, added ? 2 : 1);
+  auto d = [](long v) { return static_cast<double>(v); };
+  if (x.size() == 2 && y.size() == 2) return {KernelKind::kMatmul, 1, d(x[0]), d(y[1]), d(x[1])};
+  if (x.size() == 3 && y.size() == 3) {
+    return {KernelKind::kMatmul, d(x[0]), d(x[1]), d(y[2]), d(x[2])};
+  }
+  return {};
+}
+
 // What the start callback saw, for the end one.
 struct Frame final : at::ObserverContext {
   Frame* parent = nullptr;       // the frame it runs inside, any
@@ -226,8 +250,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (flops == 0 && bytes == 0) return;
   const c10::ScalarType type =
       out->floating.value_or(frame->in.floating.value_or(c10::ScalarType::Float));
-  count_compute(std::string("aten.") + (fn.name() + 6), collectives::dtype_name(type), flops,
-                bytes);
+  count_compute(std::string("aten.") + (fn.name() + 6), collectives::dtype_name(type), flops, bytes,
+                kernel_shape(fn.name(), frame->in.sizes));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kernels.h"
 #include "model/platform.h"
 #include "serialize/memory_record.h"
 #include "testing/temp_dir.h"
@@ -33,10 +34,14 @@ CommStats comm_of(double predicted) {
   return c;
 }
 
-TEST(ComputeAccount, EachOperatorIsTimedOnTheRanksRoofline) {
+// NOTE [The kernel model]: on the H100's table each operator is its kernel's time in the
+// rank's GPU timeline: the first waits for the host to issue it, the next ones follow the
+// first's long kernel without waiting.
+TEST(ComputeAccount, EachOperatorMovesTheRanksGpuTimelineByItsKernel) {
   const model::Roofline h100 = model::load_platform("h100-nvswitch").compute;
-  count_compute("aten.mm", "bfloat16", 2e12, 1e8);
-  count_compute("aten.mm", "float32", 2e12, 1e8);
+  const model::KernelShape square{model::KernelKind::kMatmul, 1, 8192, 8192, 14901};
+  count_compute("aten.mm", "bfloat16", 2e12, 1e8, square);
+  count_compute("aten.mm", "float32", 2e12, 1e8, square);
   count_compute("aten.add", "bfloat16", 0, 3e9);
   const ComputeStats stats = rank_compute_stats();
   EXPECT_EQ(stats.platform, "h100-nvswitch");
@@ -44,9 +49,12 @@ TEST(ComputeAccount, EachOperatorIsTimedOnTheRanksRoofline) {
   EXPECT_EQ(mm.count, 2);
   EXPECT_DOUBLE_EQ(mm.flops, 4e12);
   EXPECT_DOUBLE_EQ(mm.bytes, 2e8);
-  EXPECT_DOUBLE_EQ(mm.predicted_seconds, model::roofline_seconds(h100, 2e12, 1e8, "bfloat16") +
-                                             model::roofline_seconds(h100, 2e12, 1e8, "float32"));
-  EXPECT_DOUBLE_EQ(stats.ops.at("aten.add").predicted_seconds, 3e9 / 3350e9);
+  EXPECT_DOUBLE_EQ(mm.predicted_seconds,
+                   h100.kernels.host_us * 1e-6 +
+                       model::kernel_seconds(h100, square, 2e12, 1e8, "bfloat16") +
+                       model::kernel_seconds(h100, square, 2e12, 1e8, "float32"));
+  EXPECT_NEAR(stats.ops.at("aten.add").predicted_seconds,
+              3e9 / (3350e9 * h100.kernels.memory_efficiency), 1e-15);
   EXPECT_EQ(stats.total().count, 3);
 }
 
