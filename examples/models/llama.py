@@ -169,7 +169,7 @@ def train_step(model: Transformer, optimizer, batch: int, seq: int):
     return loss
 
 
-def build(config: Config, mesh, checkpoint_activations: bool = False,
+def build(config: Config, mesh, checkpoint_activations: bool | str = False,
           mixed_precision: bool = False) -> Transformer:
     """A model larger than one GPU, made as torchtitan makes it: on the meta device, then
     sharded (`shard`), then each rank's shards allocated on its GPU and initialised, so no
@@ -182,10 +182,35 @@ def build(config: Config, mesh, checkpoint_activations: bool = False,
     return model
 
 
-def shard(model: Transformer, mesh, checkpoint_activations: bool = False,
+def _selective_context():
+    """torchtitan's per-operator selective activation checkpointing: a block's matmul
+    outputs are kept, but every second one, and so are its attention's and its reductions';
+    the rest is recomputed in backward."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops
+    save = {ops.aten.mm.default, ops.aten._scaled_dot_product_efficient_attention.default,
+            ops.aten._scaled_dot_product_flash_attention.default, ops.aten.max.default,
+            ops._c10d_functional.reduce_scatter_tensor.default}
+    counts = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute_mm" if ctx.is_recompute else "forward_mm"
+        if func == ops.aten.mm.default:
+            counts[key] += 1
+        keep = func in save and not (func == ops.aten.mm.default and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def shard(model: Transformer, mesh, checkpoint_activations: bool | str = False,
           mixed_precision: bool = False) -> Transformer:
     """FSDP2 as torchtitan applies it: each block a unit (its activations recomputed in
-    backward when asked), then the root (embeddings, final norm, output); with
+    backward when asked: True or "full" recomputes the whole block, "selective" as
+    torchtitan's per-operator policy does), then the root (embeddings, final norm, output); with
     mixed_precision, torchtitan's default policy: parameters gathered and computed in
     bfloat16, gradients reduced in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -193,12 +218,18 @@ def shard(model: Transformer, mesh, checkpoint_activations: bool = False,
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if mixed_precision else MixedPrecisionPolicy())
 
+    ac = {False: "none", True: "full"}.get(checkpoint_activations, checkpoint_activations)
+    if ac not in ("none", "full", "selective"):
+        raise ValueError(f"checkpoint_activations={checkpoint_activations!r}: use False or "
+                         "\"none\", True or \"full\", or \"selective\"")
     for index, layer in enumerate(model.layers):
-        if checkpoint_activations:
+        if ac != "none":
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
                 checkpoint_wrapper)
 
-            layer = checkpoint_wrapper(layer)
+            layer = (checkpoint_wrapper(layer) if ac == "full" else
+                     checkpoint_wrapper(layer, context_fn=_selective_context,
+                                        preserve_rng_state=False))
             model.layers[index] = layer
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -3,7 +3,7 @@ starts on every GPU of a node, written as one is written for the node:
 
     torchrun --nproc-per-node 8 examples/models/llama_step.py --size 8B
     SGPU_SIM_COMPUTE=shapes sgpu run --backend sim --gpus 8 -- \\
-        python examples/models/llama_step.py --size 8B --checkpointing
+        python examples/models/llama_step.py --size 8B --ac selective
 
 The second runs it on 8 simulated H100s in shape-only compute (docs/simulation.md): no
 weights, no data, the step's collectives, peak memory and predicted time as on the node.
@@ -27,8 +27,10 @@ def main() -> None:
     parser.add_argument("--size", default="8B", choices=sorted(llama.CONFIGS))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--checkpointing", action="store_true",
-                        help="recompute each block's activations in backward")
+    parser.add_argument("--ac", choices=["none", "selective", "full"], default="none",
+                        help="activation checkpointing: none, torchtitan's per-operator "
+                        "selective policy, or each block's activations recomputed in backward")
+    parser.add_argument("--checkpointing", action="store_true", help="the same as --ac full")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     args = parser.parse_args()
 
@@ -36,12 +38,13 @@ def main() -> None:
     dist.init_process_group("nccl")
     config = llama.CONFIGS[args.size]
     model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
-                        args.checkpointing, args.precision == "bf16")
+                        "full" if args.checkpointing else args.ac, args.precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     llama.train_step(model, optimizer, args.batch, args.seq)
     if dist.get_rank() == 0:
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
-              f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB on GPU 0")
+              f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
+              f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0")
     dist.destroy_process_group()
 
 

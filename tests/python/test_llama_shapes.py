@@ -35,7 +35,7 @@ def batches(steps: int, config):
     return [torch.randint(0, config.vocab_size, (8, 17), generator=generator)] * steps
 
 
-def train(checkpoint_activations: bool) -> list:
+def train(checkpoint_activations: bool | str) -> list:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -67,8 +67,10 @@ def test_the_debug_size_trains_under_fsdp2_with_and_without_activation_checkpoin
     call = distributed(gpus=4, gpu_type="H100", tracking=False)(train)
     plain, wrapped = zip(*call.distributed(False))
     checkpointed, wrapped_now = zip(*call.distributed(True))
-    assert not any(wrapped) and all(wrapped_now)
+    selective, wrapped_selectively = zip(*call.distributed("selective"))
+    assert not any(wrapped) and all(wrapped_now) and all(wrapped_selectively)
     assert checkpointed == plain  # recomputed activations: the same steps, bit for bit
+    assert selective == plain
     assert all(losses == plain[0] for losses in plain)
 
     config = llama.CONFIGS["debug"]
@@ -133,10 +135,11 @@ def test_llama_70b_does_not_fit_eight_h100s_and_says_where_as_cuda_does():
 
 
 @needs_cli
-@pytest.mark.parametrize("checkpointing", [[], ["--checkpointing"]])
+@pytest.mark.parametrize("checkpointing", [[], ["--checkpointing"], ["--ac", "selective"]])
 def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointing):
     """examples/models/llama_step.py, written for torchrun, under `sgpu run` on simulated
-    H100s in shape-only compute, with and without activation checkpointing."""
+    H100s in shape-only compute, with and without activation checkpointing (whole blocks, or
+    torchtitan's per-operator selective policy)."""
     script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "llama_step.py"
     argv = [str(script), "--size", "debug", "--seq", "64", *checkpointing]
     code, out, err = sgpu_run(tmp_path, f"""
@@ -145,6 +148,6 @@ def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointi
         runpy.run_path(sys.argv[0], run_name="__main__")
     """, "--gpus", "2", "--sim-compute", "shapes", timeout=300, env={"SGPU_TRACKING": "off"})
     assert code == 0, err
-    assert "debug step on 2 GPUs: peak allocated" in out
+    assert "debug step on 2 GPUs: peak allocated" in out and "peak reserved" in out
     assert "all_gather_into_tensor" in err and "reduce_scatter_tensor" in err, err
     assert "sgpu: compute (the most of any rank): " in err, err
