@@ -151,8 +151,10 @@ def memory_stats() -> dict:
 def compute_stats() -> dict:
     """This rank's compute estimate so far, in shape-only compute (sim_compute="shapes";
     docs/simulation.md): {"platform", "count", "flops", "bytes", "predicted_seconds",
-    "ops": {op: {"count", "flops", "bytes", "predicted_seconds"}}}, what the operators it ran
-    on its GPU would take on the node. Take it before and after a step for that step's.
+    "exposed_collective_seconds", "ops": {op: {"count", "flops", "bytes",
+    "predicted_seconds"}}}, what the operators it ran on its GPU would take on the node, and
+    how much later its collectives end the step so far than its compute alone. Take it
+    before and after a step for that step's.
     Empty outside a rank, and all zeros for a rank computing values."""
     if not is_rank():
         return {}

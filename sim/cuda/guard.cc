@@ -1,7 +1,9 @@
 // torch's device guard for CUDA on sim (NOTE [CUDA on sim]): what torch's device-generic
 // code (the autograd engine, c10::DeviceGuard, torch.Stream and torch.Event, futures)
 // asks of a device type. Work is done when it is issued, so a stream is only a name: every
-// wait returns at once, and an event's time is the wall clock's when it was recorded.
+// wait returns at once, and an event's time is the wall clock's when it was recorded; on
+// the step's timeline (NOTE [The step's timeline]) streams and events order the
+// predicted work as a GPU's would.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "collectives/timeline.h"
 #include "sim/cuda/parts.h"
 
 namespace sgpu::sim::cuda {
@@ -26,6 +29,7 @@ std::atomic<c10::StreamId> g_next_stream{1};  // 0 is every device's default str
 struct Event {
   std::chrono::steady_clock::time_point recorded;
   bool was_recorded = false;
+  model::Moment point;  // its stream's point on the step timeline when it was recorded
 };
 
 class Guard final : public c10::impl::DeviceGuardImplInterface {
@@ -72,8 +76,14 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
     auto* e = static_cast<Event*>(*event);
     e->recorded = std::chrono::steady_clock::now();
     e->was_recorded = true;
+    e->point = collectives::stream_point(stream);
   }
-  void block(void*, const c10::Stream&) const override {}
+  // No wait on the CPU (the work was done when it was issued); on the step timeline the
+  // stream goes on after the event's point (NOTE [The step's timeline]).
+  void block(void* event, const c10::Stream& stream) const override {
+    const auto* e = static_cast<const Event*>(event);
+    if (e != nullptr && e->was_recorded) collectives::stream_waits(stream, e->point);
+  }
   bool queryEvent(void*) const override { return true; }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(g_count);
@@ -113,6 +123,11 @@ void install_guard(int count, int current) {
   // Replaces the CUDA library's guard in torch's registry (the registrar only stores it).
   c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, &guard);
   t_device = static_cast<c10::DeviceIndex>(current);
+  // The step timeline's streams are this thread's (NOTE [The step's timeline]).
+  collectives::read_current_stream_from(+[] {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, t_device),
+                       t_stream[t_device]);
+  });
 }
 
 c10::DeviceIndex current_device() { return t_device; }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/interposer.h"
+#include "collectives/timeline.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "model/platform.h"
@@ -71,6 +72,23 @@ class RecordedWork final : public ForwardingWork {
   std::uint64_t serial_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> settled_{false};
+};
+
+// A collective on the rank's step timeline (NOTE [The step's timeline]): whoever waits
+// for its Work waits, on the stream current then, for its predicted end.
+class TimedWork final : public ForwardingWork {
+ public:
+  TimedWork(c10::intrusive_ptr<c10d::Work> inner, model::Moment end)
+      : ForwardingWork(std::move(inner), c10d::OpType::UNKNOWN), end_(end) {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool done = inner().wait(timeout);
+    wait_on_current_stream(end_);
+    return done;
+  }
+
+ private:
+  model::Moment end_;
 };
 
 // Works whose future completes before they do (NCCL's, when the collective is enqueued on
@@ -188,6 +206,18 @@ class RecordingBackend final : public InterposingBackend {
     }
     entry.entered_ns = now_ns();
     const std::uint64_t serial = ring_->begin(entry);
+    if (platform_ == nullptr) return recorded(call, run, serial, transfer);
+    const model::Moment end = time_collective(reinterpret_cast<std::uintptr_t>(this),
+                                              static_cast<double>(entry.predicted_ns) / 1e9);
+    c10::intrusive_ptr<c10d::Work> work = recorded(call, run, serial, transfer);
+    if (!work) return work;
+    return c10::make_intrusive<TimedWork>(std::move(work), end);
+  }
+
+ private:
+  // The transport's Work for the entry `serial`, whose end the ring learns from it.
+  c10::intrusive_ptr<c10d::Work> recorded(const OpCall& call, Run run, std::uint64_t serial,
+                                          bool transfer) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = run();
@@ -226,7 +256,6 @@ class RecordingBackend final : public InterposingBackend {
     return work;
   }
 
- private:
   CollectiveRing* ring_;
   std::uint32_t group_;
   int group_size_;

@@ -39,14 +39,17 @@ void count_compute(const std::string& op, const std::string& dtype, double flops
 ComputeStats rank_compute_stats();
 
 // "sgpu: compute (the most of any rank): 4210 operators, 96.31 TFLOP, 412.55 GiB of memory
-// traffic, 0.210 s on h100-nvswitch; with the collectives' 0.233 s, 0.443 s (no overlap)\n";
+// traffic, 0.210 s on h100-nvswitch; with the collectives' 0.233 s (0.031 s of them exposed),
+// 0.241 s\n": the step, each rank's compute and the part of its collectives compute does
+// not hide (NOTE [The step's timeline]);
 // "" when no rank timed anything. `comm` is by rank, as `compute`.
 std::string compute_summary(const std::vector<ComputeStats>& compute,
                             const std::vector<CommStats>& comm,
                             const std::string& whose = "any rank");
 
-// sgpu.compute.count, .flops, .bytes, .predicted_seconds, and sgpu.predicted_seconds: the
-// compute's and the collectives' predicted times added up; empty when nothing was timed.
+// sgpu.compute.count, .flops, .bytes, .predicted_seconds, .exposed_collective_seconds, and
+// sgpu.predicted_seconds: the compute's and the exposed collectives' predicted times added
+// up; empty when nothing was timed.
 std::map<std::string, double> compute_metrics(const ComputeStats& compute, const CommStats& comm);
 
 }  // namespace sgpu::launcher

@@ -61,11 +61,45 @@ double kernel_seconds(const Roofline& roofline, const KernelShape& shape, double
   return std::max({compute, memory, costs.kernel_floor_us * 1e-6}) / roofline.efficiency;
 }
 
-double OperatorTimeline::add(double host_seconds, double kernel_seconds) {
+double StreamTimeline::kernel(std::int64_t stream, double host_seconds, double kernel_seconds) {
   host_ += host_seconds;
-  const double before = gpu_;
-  gpu_ = std::max(gpu_, host_) + kernel_seconds;
-  return gpu_ - before;
+  const double before = compute_end();
+  Moment& clock = streams_[stream];
+  clock.real = std::max(clock.real, host_) + kernel_seconds;
+  clock.alone = std::max(clock.alone, host_) + kernel_seconds;
+  return compute_end() - before;
+}
+
+Moment StreamTimeline::collective(std::int64_t channel, std::int64_t stream, double seconds) {
+  const Moment issued = now(stream);
+  Moment& clock = channels_[channel];
+  clock.real = std::max({clock.real, issued.real, host_}) + seconds;
+  clock.alone = std::max({clock.alone, issued.alone, host_});
+  return clock;
+}
+
+Moment StreamTimeline::now(std::int64_t stream) const {
+  const auto it = streams_.find(stream);
+  return it == streams_.end() ? Moment{} : it->second;
+}
+
+void StreamTimeline::wait(std::int64_t stream, const Moment& point) {
+  Moment& clock = streams_[stream];
+  clock.real = std::max(clock.real, point.real);
+  clock.alone = std::max(clock.alone, point.alone);
+}
+
+double StreamTimeline::end() const {
+  double end = 0;
+  for (const auto& [id, clock] : streams_) end = std::max(end, clock.real);
+  for (const auto& [id, clock] : channels_) end = std::max(end, clock.real);
+  return end;
+}
+
+double StreamTimeline::compute_end() const {
+  double end = 0;
+  for (const auto& [id, clock] : streams_) end = std::max(end, clock.alone);
+  return end;
 }
 
 }  // namespace sgpu::model

@@ -13,13 +13,15 @@
 //   - Every kernel moves its bytes at `memory_efficiency` of the memory bandwidth at best
 //     (most operators are bound by that alone), and takes at least `kernel_floor_us`.
 //   - The host issues each eager operator in `host_us` and the GPU cannot start a kernel
-//     before it is issued (OperatorTimeline): a step of small operators is bound by the
-//     host, as an eager step of a small model is on a GPU.
+//     before it is issued (StreamTimeline, NOTE [The step's timeline]): a step of small
+//     operators is bound by the host, as an eager step of a small model is on a GPU.
 // The "kernels" object:
 //   {sms, matmul_tiles: [[rows, cols, fraction], ...], attention_efficiency,
 //    memory_efficiency, kernel_floor_us, host_us, sources}
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,18 +68,48 @@ struct KernelShape {
 double kernel_seconds(const Roofline& roofline, const KernelShape& shape, double flops,
                       double bytes, std::string_view dtype);
 
-// The host issuing operators in program order and the GPU running their kernels.
-class OperatorTimeline {
+// A point of a step, twice: as it runs, and as it would with its collectives taking no
+// time (NOTE [The step's timeline]).
+struct Moment {
+  double real = 0;
+  double alone = 0;
+};
+
+// NOTE [The step's timeline]
+// The host issues operators in program order; each runs on the stream that was current
+// when it was issued, after what that stream ran before, and not before the host issued it.
+// A collective runs on its group's own channel, as NCCL's stream, once the stream it was
+// issued on reaches that point and the channel is free; a stream that waits for it (its
+// Work's wait(), or an event recorded after such a wait) goes on only once it ends.
+// Events carry a stream's point to another stream. So compute and communication overlap
+// exactly as far as the program's dependencies let them: FSDP2's prefetched all-gathers,
+// reduce-scatters behind backward.
+// The step is the latest point of any stream or channel; the same schedule with every
+// collective taking no time gives the compute's own critical path, and the difference is
+// the exposed communication. What is left out: the host waiting for the GPU
+// (synchronize, .item()), and a wait through a Work's future rather than the Work (DDP's
+// reducer): the collective then still counts to the step's end, but nothing waits for it
+// before.
+class StreamTimeline {
  public:
-  // The next operator, issued `host_seconds` after the previous one, whose kernel takes
-  // `kernel_seconds`: how far it moves the end of the GPU's timeline (its kernel, and the
-  // GPU's wait for the host when it had caught up).
-  double add(double host_seconds, double kernel_seconds);
-  double end() const { return gpu_; }
+  // An operator issued `host_seconds` after the previous one, its kernel `kernel_seconds`
+  // on `stream`: how far it moves the end of the compute's own critical path.
+  double kernel(std::int64_t stream, double host_seconds, double kernel_seconds);
+  // A collective issued on `stream`, taking `seconds` on `channel`: when it ends.
+  Moment collective(std::int64_t channel, std::int64_t stream, double seconds);
+  // Where `stream` has got to (an event recorded on it).
+  Moment now(std::int64_t stream) const;
+  // `stream` goes on only after `point`.
+  void wait(std::int64_t stream, const Moment& point);
+
+  double end() const;          // the step as it runs
+  double compute_end() const;  // with its collectives taking no time
+  double exposed() const { return end() - compute_end(); }
 
  private:
   double host_ = 0;
-  double gpu_ = 0;
+  std::map<std::int64_t, Moment> streams_;
+  std::map<std::int64_t, Moment> channels_;
 };
 
 }  // namespace sgpu::model

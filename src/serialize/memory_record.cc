@@ -43,7 +43,9 @@ void write_compute_record(const std::filesystem::path& path, const ComputeStats&
                {"bytes", t.bytes},
                {"predicted_seconds", t.predicted_seconds}};
   }
-  const nlohmann::json record = {{"platform", stats.platform}, {"ops", ops}};
+  const nlohmann::json record = {{"platform", stats.platform},
+                                 {"ops", ops},
+                                 {"exposed_collective_seconds", stats.exposed_collective_seconds}};
   contract::write_file_atomically(path, record.dump(1) + "\n");
 }
 
@@ -53,6 +55,7 @@ std::optional<ComputeStats> read_compute_record(const std::filesystem::path& pat
   ComputeStats stats;
   try {
     stats.platform = json.value("platform", "");
+    stats.exposed_collective_seconds = json.value("exposed_collective_seconds", 0.0);
     for (const auto& [op, t] : json["ops"].items()) {
       stats.ops[op] = {t.at("count").get<std::int64_t>(), t.at("flops").get<double>(),
                        t.at("bytes").get<double>(), t.at("predicted_seconds").get<double>()};

@@ -27,8 +27,13 @@ struct ComputeTotals {
 struct ComputeStats {
   // The node the times are predicted for ("h100-nvswitch"); "" when nothing was timed.
   std::string platform;
-  // Operator ("aten.mm", "aten._scaled_dot_product_flash_attention", ...) to totals.
+  // Operator ("aten.mm", "aten._scaled_dot_product_flash_attention", ...) to totals. An
+  // operator's predicted_seconds are how far it moves the end of the compute's own
+  // critical path (NOTE [The step's timeline] in model/kernels.h).
   std::map<std::string, ComputeTotals> ops;
+  // How much later the step ends for its collectives: the part of their time that compute
+  // does not hide, as the program's streams and waits let it.
+  double exposed_collective_seconds = 0;
 
   ComputeTotals total() const {
     ComputeTotals sum;

@@ -61,26 +61,32 @@ TEST(ComputeAccount, EachOperatorMovesTheRanksGpuTimelineByItsKernel) {
 TEST(ComputeRecord, ReadsBackWhatWasWrittenAndRefusesWhatIsNot) {
   const auto dir = sgpu::testing::make_temp_dir("compute-record");
   const auto file = dir / "compute.json";
-  serialize::write_compute_record(file, two_ops(1));
+  ComputeStats written = two_ops(1);
+  written.exposed_collective_seconds = 0.025;
+  serialize::write_compute_record(file, written);
   const auto back = serialize::read_compute_record(file);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->platform, "h100-nvswitch");
   EXPECT_EQ(back->ops, two_ops(1).ops);
+  EXPECT_EQ(back->exposed_collective_seconds, 0.025);
   std::ofstream(file) << R"({"platform": "x", "ops": {"aten.mm": {"count": "three"}}})";
   EXPECT_FALSE(serialize::read_compute_record(file).has_value());
   EXPECT_FALSE(serialize::read_compute_record(dir / "missing.json").has_value());
   std::filesystem::remove_all(dir);
 }
 
-TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsCollectives) {
-  // Rank 1 computes the longest (0.014 s), rank 0 communicates the longest (0.25 s); the
-  // step is the slowest rank's compute and collectives: rank 0's 0.007 + 0.25 s.
-  const std::string line =
-      compute_summary({two_ops(1), two_ops(2)}, {comm_of(0.25), comm_of(0.125)});
+TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsExposedCollectives) {
+  // Rank 1 computes the longest (0.014 s), rank 0 communicates the longest (0.25 s) and has
+  // the most of it exposed (0.1 s); the step is the slowest rank's compute and exposed
+  // collectives: rank 0's 0.007 + 0.1 s.
+  ComputeStats rank0 = two_ops(1), rank1 = two_ops(2);
+  rank0.exposed_collective_seconds = 0.1;
+  rank1.exposed_collective_seconds = 0.01;
+  const std::string line = compute_summary({rank0, rank1}, {comm_of(0.25), comm_of(0.125)});
   EXPECT_EQ(line,
             "sgpu: compute (the most of any rank): 8 operators, 12.00 TFLOP, 9.59 GiB of memory "
-            "traffic, 0.014 s on h100-nvswitch; with the collectives' 0.250 s, 0.257 s (no "
-            "overlap)\n");
+            "traffic, 0.014 s on h100-nvswitch; with the collectives' 0.250 s (0.100 s of them "
+            "exposed), 0.107 s\n");
   EXPECT_EQ(compute_summary({ComputeStats{}, ComputeStats{}}, {}), "");
   ComputeStats untimed = two_ops(1);
   untimed.platform.clear();
@@ -89,11 +95,14 @@ TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsCollectives) {
 }
 
 TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
-  const auto metrics = compute_metrics(two_ops(1), comm_of(0.25));
+  ComputeStats rank = two_ops(1);
+  rank.exposed_collective_seconds = 0.05;
+  const auto metrics = compute_metrics(rank, comm_of(0.25));
   EXPECT_EQ(metrics.at("sgpu.compute.count"), 8);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.flops"), 6e12);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.predicted_seconds"), 0.007);
-  EXPECT_DOUBLE_EQ(metrics.at("sgpu.predicted_seconds"), 0.257);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.exposed_collective_seconds"), 0.05);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.predicted_seconds"), 0.057);
   EXPECT_TRUE(compute_metrics(ComputeStats{}, comm_of(0.25)).empty());
 }
 

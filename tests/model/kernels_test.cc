@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "model/platform.h"
 #include "sgpu/errors.h"
@@ -30,12 +32,12 @@ TEST(KernelModel, SquareBf16MatmulsReachWhatAnH100Measured) {
   EXPECT_NEAR(tflops_of_square_bf16(h100, 2048), 676.6, 676.6 * 0.20);
   // At 1024 one wave fills a quarter of the SMs, and back-to-back calls are bound by the
   // host that issues them: the measured loop's throughput, within 15%.
-  OperatorTimeline loop;
+  StreamTimeline loop;
   const double n = 1024, flops = 2 * n * n * n;
   const KernelShape shape{KernelKind::kMatmul, 1, n, n, n};
   for (int i = 0; i < 100; ++i) {
-    loop.add(h100.kernels.host_us * 1e-6,
-             kernel_seconds(h100, shape, flops, 3 * n * n * 2, "bfloat16"));
+    loop.kernel(0, h100.kernels.host_us * 1e-6,
+                kernel_seconds(h100, shape, flops, 3 * n * n * 2, "bfloat16"));
   }
   EXPECT_NEAR(100 * flops / loop.end() / 1e12, 176.6, 176.6 * 0.15);
 }
@@ -81,28 +83,76 @@ TEST(KernelModel, WithoutATableTheRooflineStands) {
   EXPECT_EQ(kernel_seconds(Roofline{}, shape, 1e9, 1e6, "bfloat16"), 0);
 }
 
-TEST(OperatorTimeline, SmallOperatorsWaitForTheHostAndLargeOnesDoNot) {
-  OperatorTimeline small;
-  for (int i = 0; i < 100; ++i) small.add(10e-6, 1e-6);
+TEST(StreamTimeline, SmallOperatorsWaitForTheHostAndLargeOnesDoNot) {
+  StreamTimeline small;
+  for (int i = 0; i < 100; ++i) small.kernel(0, 10e-6, 1e-6);
   EXPECT_NEAR(small.end(), 100 * 10e-6 + 1e-6, 1e-12);  // the host's pace, then one kernel
-  OperatorTimeline large;
-  for (int i = 0; i < 100; ++i) large.add(10e-6, 50e-6);
+  StreamTimeline large;
+  for (int i = 0; i < 100; ++i) large.kernel(0, 10e-6, 50e-6);
   EXPECT_NEAR(large.end(), 10e-6 + 100 * 50e-6, 1e-12);  // the first issue, then kernels
 }
 
-RC_GTEST_PROP(OperatorTimeline, TheEndIsNeverBeforeEitherTheHostOrTheKernels, ()) {
-  const auto ops = *rc::gen::container<std::vector<std::pair<int, int>>>(
-      rc::gen::pair(rc::gen::inRange(0, 100), rc::gen::inRange(0, 100)));
-  OperatorTimeline timeline;
-  double host = 0, kernels = 0, moved = 0;
-  for (const auto& [h, k] : ops) {
-    moved += timeline.add(h * 1e-6, k * 1e-6);
-    host += h * 1e-6;
-    kernels += k * 1e-6;
+// NOTE [The step's timeline], on schedules whose critical path is known exactly (ms).
+TEST(StreamTimeline, ACollectiveRunsBehindTheComputeIssuedAfterIt) {
+  StreamTimeline t;
+  t.kernel(0, 0, 10);
+  const Moment done = t.collective(1, 0, 5);  // from 10, when stream 0 gets there, to 15
+  EXPECT_EQ(done.real, 15);
+  t.kernel(0, 0, 10);  // 10 to 20, beside the collective
+  t.wait(0, done);     // already past it
+  t.kernel(0, 0, 1);
+  EXPECT_EQ(t.end(), 21);
+  EXPECT_EQ(t.compute_end(), 21);
+  EXPECT_EQ(t.exposed(), 0);  // summed, compute and collective would have taken 26
+}
+
+TEST(StreamTimeline, AWaitRightAfterACollectiveExposesAllOfIt) {
+  StreamTimeline t;
+  t.kernel(0, 0, 10);
+  t.wait(0, t.collective(1, 0, 5));
+  t.kernel(0, 0, 10);
+  EXPECT_EQ(t.end(), 25);
+  EXPECT_EQ(t.compute_end(), 20);
+  EXPECT_EQ(t.exposed(), 5);
+}
+
+// FSDP2's forward: each layer's all-gather on its own stream (1), waited there and handed
+// to the compute stream (0) by an event; the next layer's is prefetched before this
+// layer's compute is issued, so only the first one is exposed.
+TEST(StreamTimeline, AnAllGatherPrefetchedBeforeALayerRunsBesideIt) {
+  StreamTimeline t;
+  t.wait(1, t.collective(7, 1, 4));  // layer 0's all-gather: 0 to 4
+  const Moment gathered0 = t.now(1);
+  t.wait(0, gathered0);
+  t.wait(1, t.collective(7, 1, 4));  // layer 1's, prefetched: 4 to 8
+  const Moment gathered1 = t.now(1);
+  t.kernel(0, 0, 10);  // layer 0: 4 to 14
+  t.wait(0, gathered1);
+  t.kernel(0, 0, 10);  // layer 1: 14 to 24
+  EXPECT_EQ(t.end(), 24);
+  EXPECT_EQ(t.compute_end(), 20);
+  EXPECT_EQ(t.exposed(), 4);
+  // A channel takes one collective at a time: a third, issued at 0 on another stream,
+  // starts when the second ends.
+  EXPECT_EQ(t.collective(7, 2, 1).real, 9);
+}
+
+RC_GTEST_PROP(StreamTimeline, OverlapNeverCostsMoreThanTheSumAndNeverLessThanTheCompute, ()) {
+  // Random schedules of kernels, collectives, waits for them and events across 3 streams.
+  const auto steps = *rc::gen::container<std::vector<std::tuple<int, int, int>>>(
+      rc::gen::tuple(rc::gen::inRange(0, 4), rc::gen::inRange(0, 3), rc::gen::inRange(0, 100)));
+  StreamTimeline t;
+  double moved = 0, collectives = 0;
+  std::vector<Moment> ends;
+  for (const auto& [what, stream, ms] : steps) {
+    if (what == 0) moved += t.kernel(stream, ms % 3, ms);
+    if (what == 1) ends.push_back(t.collective(stream % 2, stream, ms)), collectives += ms;
+    if (what == 2 && !ends.empty()) t.wait(stream, ends[ms % ends.size()]);
+    if (what == 3) t.wait((stream + 1) % 3, t.now(stream));
   }
-  RC_ASSERT(timeline.end() >= kernels - 1e-12);
-  RC_ASSERT(timeline.end() >= host - 1e-12);
-  RC_ASSERT(std::abs(moved - timeline.end()) < 1e-9);  // each operator's share adds up
+  RC_ASSERT(std::abs(moved - t.compute_end()) < 1e-9);  // each operator's share adds up
+  RC_ASSERT(t.exposed() >= -1e-9);
+  RC_ASSERT(t.exposed() <= collectives + 1e-9);
 }
 
 std::string error_of_kernels(const std::string& kernels) {

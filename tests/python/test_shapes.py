@@ -337,6 +337,46 @@ def test_a_tiny_models_step_is_bound_by_the_host_that_issues_its_kernels():
     assert roofline < got["seconds"] / 1000
 
 
+def beside_a_matmul(asynchronous: bool) -> dict:
+    """An all-reduce of 256 MiB of bfloat16 and a 16384x8192 by 8192x8192 matmul, the
+    all-reduce issued first: waited after the matmul is issued, or at once."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(sgpu.get_local_rank())
+    dist.init_process_group("nccl")
+    a = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    grads = torch.empty(128 << 20, device="cuda", dtype=torch.bfloat16)
+    before = sgpu.compute_stats()
+    work = dist.all_reduce(grads, async_op=asynchronous)
+    a @ b
+    if work is not None:
+        work.wait()
+    a @ b
+    after = sgpu.compute_stats()
+    dist.destroy_process_group()
+    return {key: after[key] - before[key]
+            for key in ("predicted_seconds", "exposed_collective_seconds")}
+
+
+def test_a_collective_is_exposed_only_where_nothing_runs_beside_it():
+    """NOTE [The step's timeline]: an all-reduce (0.63 ms on two H100s) issued before a
+    matmul (2.8 ms) and waited after it runs beside it, hidden; waited at once, the stream
+    stops for all of it."""
+    call = distributed(gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")(
+        beside_a_matmul)
+    hidden = call.distributed(True)[0]
+    handle = call.launch(False)
+    waited = handle.result()[0]
+    all_reduce = handle.comm_stats()[0]["world"]["all_reduce"]
+    assert all_reduce["count"] == 1
+    assert hidden["predicted_seconds"] == pytest.approx(waited["predicted_seconds"], rel=1e-9)
+    assert hidden["predicted_seconds"] > 4 * all_reduce["predicted_seconds"]
+    assert hidden["exposed_collective_seconds"] == pytest.approx(0, abs=1e-9)
+    assert waited["exposed_collective_seconds"] == pytest.approx(
+        all_reduce["predicted_seconds"], rel=1e-6)
+
+
 def attention_block() -> float:
     """A bfloat16 attention layer's forward and backward, its parameters' gradients summed."""
     torch.cuda.set_device(sgpu.get_local_rank())

@@ -1,0 +1,34 @@
+// The rank's step timeline (NOTE [The step's timeline] in model/kernels.h), one a process:
+// the compute estimate puts each operator's kernel on the current stream
+// (launcher/accounting.cc), the recorder each collective on its group's channel and each
+// wait on the stream that waits (recorder.cc), and CUDA on sim's events carry a stream's
+// point to another (sim/cuda/guard.cc). The current stream is what CUDA on sim says it is
+// (read_current_stream_from); everything is on one stream where nothing says (a C++ rank
+// on CPU, a rank on real GPUs).
+#pragma once
+
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+
+#include "model/kernels.h"
+
+namespace sgpu::collectives {
+
+// Where the calling thread's current stream is read from (CUDA on sim installs its own).
+using CurrentStream = c10::Stream (*)();
+void read_current_stream_from(CurrentStream reader);
+
+// An operator's kernel on the current stream: how far it moves the compute's own end.
+double time_kernel(double host_seconds, double kernel_seconds);
+// A collective issued on the current stream, taking `seconds` on `channel`: its end.
+model::Moment time_collective(std::uintptr_t channel, double seconds);
+// The current stream goes on only after `point`.
+void wait_on_current_stream(const model::Moment& point);
+// An event recorded on `stream`, and `stream` waiting for one.
+model::Moment stream_point(const c10::Stream& stream);
+void stream_waits(const c10::Stream& stream, const model::Moment& point);
+// The step's end with its collectives and without them, so far.
+double timeline_exposed_seconds();
+
+}  // namespace sgpu::collectives
