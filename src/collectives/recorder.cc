@@ -206,18 +206,17 @@ class RecordingBackend final : public InterposingBackend {
     }
     entry.entered_ns = now_ns();
     const std::uint64_t serial = ring_->begin(entry);
-    if (platform_ == nullptr) return recorded(call, run, serial, transfer);
+    if (platform_ == nullptr) return recorded(run, serial, transfer);
     const model::Moment end = time_collective(reinterpret_cast<std::uintptr_t>(this),
                                               static_cast<double>(entry.predicted_ns) / 1e9);
-    c10::intrusive_ptr<c10d::Work> work = recorded(call, run, serial, transfer);
+    c10::intrusive_ptr<c10d::Work> work = recorded(run, serial, transfer);
     if (!work) return work;
     return c10::make_intrusive<TimedWork>(std::move(work), end);
   }
 
  private:
   // The transport's Work for the entry `serial`, whose end the ring learns from it.
-  c10::intrusive_ptr<c10d::Work> recorded(const OpCall& call, Run run, std::uint64_t serial,
-                                          bool transfer) {
+  c10::intrusive_ptr<c10d::Work> recorded(Run run, std::uint64_t serial, bool transfer) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = run();

@@ -105,7 +105,7 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
   return line + text;
 }
 
-std::map<std::string, double> compute_metrics(const ComputeStats& compute, const CommStats& comm) {
+std::map<std::string, double> compute_metrics(const ComputeStats& compute) {
   if (compute.ops.empty()) return {};
   const ComputeTotals t = compute.total();
   std::map<std::string, double> metrics = {{"sgpu.compute.count", static_cast<double>(t.count)},

@@ -50,6 +50,6 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
 // sgpu.compute.count, .flops, .bytes, .predicted_seconds, .exposed_collective_seconds, and
 // sgpu.predicted_seconds: the compute's and the exposed collectives' predicted times added
 // up; empty when nothing was timed.
-std::map<std::string, double> compute_metrics(const ComputeStats& compute, const CommStats& comm);
+std::map<std::string, double> compute_metrics(const ComputeStats& compute);
 
 }  // namespace sgpu::launcher

@@ -68,8 +68,6 @@ namespace {
 
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
-// How long the ranks' threads have to dump their stacks, and how much of the culprit's
-// the error quotes.
 
 class CallImpl final : public detail::Call, private MonitorHooks {
  public:

@@ -185,7 +185,7 @@ void record_rank_figures() {
     const RankFigures figures = write_rank_figures(env, folder);
     const CommStats comm = comm_stats_of(contract::read_collective_ring(folder.collective_ring()));
     std::map<std::string, double> metrics = comm_metrics(comm);
-    metrics.merge(compute_metrics(figures.compute, comm));
+    metrics.merge(compute_metrics(figures.compute));
     for (const char* name : {"allocated_bytes", "reserved_bytes"}) {
       const auto peak = figures.memory.find(std::string(name) + ".all.peak");
       if (peak != figures.memory.end()) {

@@ -21,6 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// How long the ranks' threads have to dump their stacks, and how much of the culprit's
+// the error quotes.
 constexpr auto kStackLimit = std::chrono::milliseconds(1500);
 constexpr std::size_t kQuotedFrames = 24;
 constexpr std::size_t kQuotedWidth = 160;  // characters of a frame

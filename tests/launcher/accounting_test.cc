@@ -97,13 +97,13 @@ TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsExposedCollectives) {
 TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
   ComputeStats rank = two_ops(1);
   rank.exposed_collective_seconds = 0.05;
-  const auto metrics = compute_metrics(rank, comm_of(0.25));
+  const auto metrics = compute_metrics(rank);
   EXPECT_EQ(metrics.at("sgpu.compute.count"), 8);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.flops"), 6e12);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.predicted_seconds"), 0.007);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.exposed_collective_seconds"), 0.05);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.predicted_seconds"), 0.057);
-  EXPECT_TRUE(compute_metrics(ComputeStats{}, comm_of(0.25)).empty());
+  EXPECT_TRUE(compute_metrics(ComputeStats{}).empty());
 }
 
 }  // namespace
