@@ -19,12 +19,6 @@
 #include "launcher/stacks.h"
 
 namespace sgpu::launcher {
-namespace {
-
-namespace fs = std::filesystem;
-
-constexpr std::size_t kCommandWidth = 80;  // characters of rank 0's command in a label
-constexpr std::size_t kWorldsShown = 5;    // summary lines at the end
 
 // Every rank of one world as its folder holds them.
 struct WorldRanks {
@@ -33,6 +27,13 @@ struct WorldRanks {
   std::vector<pid_t> pids;      // by rank; 0 where unknown
   std::vector<bool> alive;      // by rank
 };
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t kCommandWidth = 80;  // characters of rank 0's command in a label
+constexpr std::size_t kWorldsShown = 5;    // summary lines at the end
 
 WorldRanks read_world(const fs::path& folder) {
   std::map<int, std::optional<contract::RingSnapshot>> rings;
@@ -125,7 +126,7 @@ std::chrono::milliseconds NodeWatch::period() const {
 }
 
 void NodeWatch::check(std::ostream& out) {
-  std::vector<fs::path> ended;
+  std::vector<std::pair<fs::path, WorldRanks>> ended;  // summed up after the listing
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(settings_.dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -139,19 +140,19 @@ void NodeWatch::check(std::ostream& out) {
     }
     if (settings_.hang_timeout &&
         in_flight_for(ranks.views, *settings_.hang_timeout, wall_now_ns())) {
-      judge(entry.path(), world, out);
+      judge(entry.path(), world, ranks, out);
     } else if (all_gone(ranks)) {
-      ended.push_back(entry.path());
+      ended.emplace_back(entry.path(), ranks);
     }
   }
-  for (const fs::path& folder : ended) {
-    sum_up(folder, worlds_[folder.filename().string()]);
+  for (const auto& [folder, ranks] : ended) {
+    sum_up(folder, worlds_[folder.filename().string()], ranks);
     worlds_.erase(folder.filename().string());
   }
 }
 
-void NodeWatch::judge(const fs::path& folder, World& world, std::ostream& out) {
-  const WorldRanks ranks = read_world(folder);
+void NodeWatch::judge(const fs::path& folder, World& world, const WorldRanks& ranks,
+                      std::ostream& out) {
   const contract::RunFolder run{folder};
   const Diagnosis d = diagnose_into(ranks.views, run);
   CallEnd end;
@@ -180,8 +181,7 @@ void NodeWatch::judge(const fs::path& folder, World& world, std::ostream& out) {
   hung_ = true;
 }
 
-void NodeWatch::sum_up(const fs::path& folder, const World& world) {
-  const WorldRanks ranks = read_world(folder);
+void NodeWatch::sum_up(const fs::path& folder, const World& world, const WorldRanks& ranks) {
   std::vector<CommStats> stats;
   for (const RankView& view : ranks.views) stats.push_back(comm_stats_of(view.ring));
   std::string line = comm_summary(stats);
@@ -204,7 +204,9 @@ void NodeWatch::finish(std::ostream& out) {
       left.push_back(entry.path());
     }
   }
-  for (const fs::path& folder : left) sum_up(folder, worlds_[folder.filename().string()]);
+  for (const fs::path& folder : left) {
+    sum_up(folder, worlds_[folder.filename().string()], read_world(folder));
+  }
   for (std::size_t i = 0; i < summaries_.size() && i < kWorldsShown; ++i) {
     out << "sgpu sim: " << summaries_[i] << "\n";
   }

@@ -30,6 +30,8 @@
 
 namespace sgpu::launcher {
 
+struct WorldRanks;  // a world's ranks as its folder holds them (node_watch.cc)
+
 class NodeWatch {
  public:
   struct Settings {
@@ -58,8 +60,9 @@ class NodeWatch {
     std::string label;  // "the world of 2 processes on the node (pids 4242, 4243: python t.py)"
     bool judged = false;
   };
-  void judge(const std::filesystem::path& folder, World& world, std::ostream& out);
-  void sum_up(const std::filesystem::path& folder, const World& world);
+  void judge(const std::filesystem::path& folder, World& world, const WorldRanks& ranks,
+             std::ostream& out);
+  void sum_up(const std::filesystem::path& folder, const World& world, const WorldRanks& ranks);
 
   Settings settings_;
   std::map<std::string, World> worlds_;  // by folder name
