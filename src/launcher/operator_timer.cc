@@ -96,17 +96,20 @@ const std::vector<long>& arg(const Sizes& in, std::size_t i) {
   return i < in.size() ? in[i] : none;
 }
 
-// A matmul of (m, k) by (k, n), its matrices the arguments at `a` and `a` + 1.
-template <std::size_t a>
-double matmul(const Sizes& in, const Sizes&) {
+// A matmul of (m, k) by (k, n) (`dims` 2), or the same over a batch: (b, m, k) by (b, k, n)
+// (`dims` 3), its matrices the arguments at `a` and `a` + 1; kOther for other operands.
+template <std::size_t a, std::size_t dims>
+model::KernelShape matmul_shape(const Sizes& in) {
   const auto &x = arg(in, a), &y = arg(in, a + 1);
-  return x.size() == 2 && y.size() == 2 ? 2.0 * x[0] * x[1] * y[1] : 0;
+  if (x.size() != dims || y.size() != dims) return {};
+  auto d = [](long v) { return static_cast<double>(v); };
+  const double batch = dims == 3 ? d(x[0]) : 1;
+  return {model::KernelKind::kMatmul, batch, d(x[dims - 2]), d(y[dims - 1]), d(x[dims - 1])};
 }
-// The same over a batch: (b, m, k) by (b, k, n).
-template <std::size_t a>
-double batched_matmul(const Sizes& in, const Sizes&) {
-  const auto &x = arg(in, a), &y = arg(in, a + 1);
-  return x.size() == 3 && y.size() == 3 ? 2.0 * x[0] * x[1] * x[2] * y[2] : 0;
+template <std::size_t a, std::size_t dims>
+double matmul(const Sizes& in, const Sizes&) {
+  const model::KernelShape s = matmul_shape<a, dims>(in);
+  return s.kind == model::KernelKind::kMatmul ? 2.0 * s.batch * s.m * s.n * s.k : 0;
 }
 // A matrix (at `a`) by a vector.
 template <std::size_t a>
@@ -146,10 +149,10 @@ double attention_backward(const Sizes& in, const Sizes&) {
 // torch's flop counter's formulas (torch/utils/flop_counter.py), by operator.
 const std::map<std::string_view, Formula>& formulas() {
   static const std::map<std::string_view, Formula> table = {
-      {"aten::mm", &matmul<0>},
-      {"aten::addmm", &matmul<1>},
-      {"aten::bmm", &batched_matmul<0>},
-      {"aten::baddbmm", &batched_matmul<1>},
+      {"aten::mm", &matmul<0, 2>},
+      {"aten::addmm", &matmul<1, 2>},
+      {"aten::bmm", &matmul<0, 3>},
+      {"aten::baddbmm", &matmul<1, 3>},
       {"aten::mv", &matrix_vector<0>},
       {"aten::addmv", &matrix_vector<1>},
       {"aten::dot", &dot},
@@ -177,14 +180,10 @@ model::KernelShape kernel_shape(std::string_view name, const Sizes& in) {
     const double k = static_cast<double>(x.back());
     return {KernelKind::kMatmul, 1, product(x) / k, static_cast<double>(w[0]), k};
   }
-  const bool added = name == "aten::addmm" || name == "aten::baddbmm";
-  if (!added && name != "aten::mm" && name != "aten::bmm") return {};
-  const auto &x = arg(in, added ? 1 : 0), &y = arg(in, added ? 2 : 1);
-  auto d = [](long v) { return static_cast<double>(v); };
-  if (x.size() == 2 && y.size() == 2) return {KernelKind::kMatmul, 1, d(x[0]), d(y[1]), d(x[1])};
-  if (x.size() == 3 && y.size() == 3) {
-    return {KernelKind::kMatmul, d(x[0]), d(x[1]), d(y[2]), d(x[2])};
-  }
+  if (name == "aten::mm") return matmul_shape<0, 2>(in);
+  if (name == "aten::addmm") return matmul_shape<1, 2>(in);
+  if (name == "aten::bmm") return matmul_shape<0, 3>(in);
+  if (name == "aten::baddbmm") return matmul_shape<1, 3>(in);
   return {};
 }
 
