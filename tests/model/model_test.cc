@@ -239,6 +239,12 @@ TEST(Roofline, EveryNodeHasItsGpusDatasheet) {
   EXPECT_DOUBLE_EQ(h100.peak_for("bfloat16"), 989.4);
   EXPECT_DOUBLE_EQ(h100.memory_bandwidth_gbps, 3350);
   EXPECT_DOUBLE_EQ(load_platform("h200-nvswitch").compute.memory_bandwidth_gbps, 4800);
+  // torchtitan's H100s: HBM2e at 2.4 TB/s, a peak between the SXM's and the NVL's (835).
+  const Roofline grand_teton = load_platform("h100-96gb-500w").compute;
+  EXPECT_DOUBLE_EQ(grand_teton.memory_bandwidth_gbps, 2400);
+  EXPECT_GT(grand_teton.peak_for("bfloat16"), 835);
+  EXPECT_LT(grand_teton.peak_for("bfloat16"), 989.4);
+  EXPECT_EQ(grand_teton.kernels.sms, 132);
 }
 
 TEST(Roofline, AnOperatorTakesTheLongerOfItsMathAndItsMemoryTraffic) {
