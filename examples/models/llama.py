@@ -156,16 +156,20 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
 
 
-def train_step(model: Transformer, optimizer, batch: int, seq: int):
-    """One step on random tokens, batch x seq (at most the model's max_seq_len): forward,
-    the next-token loss in float32, backward, the optimizer's step. Returns the loss."""
+def train_step(model: Transformer, optimizer, batch: int, seq: int, accumulate: int = 1):
+    """One step on random tokens, batch x seq (at most the model's max_seq_len) a
+    micro-batch: `accumulate` times forward, the next-token loss in float32 and backward,
+    then the optimizer's step and its gradients freed (zero_grad), as a training loop does
+    before its next step. Returns the last micro-batch's loss."""
     config = model.config
     seq = min(seq, config.max_seq_len)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq + 1)).cuda()
-    logits = model(tokens[:, :-1])
-    loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-    loss.backward()
+    for _ in range(accumulate):
+        tokens = torch.randint(0, config.vocab_size, (batch, seq + 1)).cuda()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
     optimizer.step()
+    optimizer.zero_grad()
     return loss
 
 

@@ -1,4 +1,4 @@
-"""One FSDP2 training step of llama.py's model, as a script that torchrun (or `sgpu run`)
+"""FSDP2 training steps of llama.py's model (or mpt.py's, `--size mpt-7b`), as a script that torchrun (or `sgpu run`)
 starts on every GPU of a node, written as one is written for the node:
 
     torchrun --nproc-per-node 8 examples/models/llama_step.py --size 8B
@@ -7,12 +7,14 @@ starts on every GPU of a node, written as one is written for the node:
 
 The second runs it on 8 simulated H100s in shape-only compute (docs/simulation.md): no
 weights, no data, the step's collectives, peak memory and predicted time as on the node.
+It prints GPU 0's peak memory and the last step's time and tokens per second per GPU.
 """
 
 import argparse
 import os
 import pathlib
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,31 +22,67 @@ from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import llama  # noqa: E402
+import mpt  # noqa: E402
+
+CONFIGS = {**llama.CONFIGS, **mpt.CONFIGS}
+
+
+def step_seconds(step) -> tuple[float, str]:
+    """How long `step` takes on GPU 0: in sgpu's shape-only compute, the time its compute
+    model predicts for it; elsewhere, the wall clock's, the GPU synchronised around it."""
+    try:
+        from sgpu import compute_stats
+    except ImportError:
+        compute_stats = dict
+    before = compute_stats()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    after = compute_stats()
+    if not after.get("platform"):
+        return wall, "measured"
+    total = lambda s: s.get("predicted_seconds", 0) + s.get("exposed_collective_seconds", 0)  # noqa: E731
+    return total(after) - total(before), f"predicted on {after['platform']}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="8B", choices=sorted(llama.CONFIGS))
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--size", default="8B", choices=sorted(CONFIGS))
+    parser.add_argument("--batch", type=int, default=1, help="sequences a micro-batch")
+    parser.add_argument("--accum", type=int, default=1,
+                        help="micro-batches a step (gradient accumulation)")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--ac", choices=["none", "selective", "full"], default="none",
                         help="activation checkpointing: none, torchtitan's per-operator "
                         "selective policy, or each block's activations recomputed in backward")
     parser.add_argument("--checkpointing", action="store_true", help="the same as --ac full")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--steps", type=int, default=1,
+                        help="steps to run; the last one's time is printed (from the second "
+                        "on, the optimizer's state is held through forward and backward, as "
+                        "in a long run)")
     args = parser.parse_args()
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
-    config = llama.CONFIGS[args.size]
-    model = llama.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
+    config = CONFIGS[args.size]
+    family = llama
+    if isinstance(config, mpt.Config):
+        config, family = config.at(args.seq), mpt
+    model = family.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
                         "full" if args.checkpointing else args.ac, args.precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    llama.train_step(model, optimizer, args.batch, args.seq)
+    for _ in range(args.steps):
+        seconds, how = step_seconds(lambda: llama.train_step(model, optimizer, args.batch,
+                                                             args.seq, args.accum))
     if dist.get_rank() == 0:
+        tokens = args.accum * args.batch * min(args.seq, config.max_seq_len)
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
-              f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0")
+              f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0; step {args.steps} "
+              f"{seconds:.3f} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU")
     dist.destroy_process_group()
 
 
