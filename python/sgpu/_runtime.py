@@ -141,7 +141,7 @@ def memory_stats() -> dict:
     """This rank's device memory figures, with torch.cuda.memory_stats()'s keys
     ("allocated_bytes.all.peak", "num_ooms", ...): the CUDA caching allocator's on cuda, the
     simulated device's on sim. Empty outside a rank, and on sim with SGPU_SIM_MEMORY=off."""
-    if not _in_a_call():
+    if not is_rank():
         return {}
     from sgpu import _native
 
@@ -154,8 +154,8 @@ def compute_stats() -> dict:
     "exposed_collective_seconds", "ops": {op: {"count", "flops", "bytes",
     "predicted_seconds"}}}, what the operators it ran on its GPU would take on the node, and
     how much later its collectives end the step so far than its compute alone. Take it
-    before and after a step for that step's.
-    Empty outside a rank, and all zeros for a rank computing values."""
+    before and after a step for that step's, in a function's rank or a program's that
+    `sgpu run` started. Empty outside a rank, and all zeros for a rank computing values."""
     if not _in_a_call():
         return {}
     from sgpu import _native
@@ -166,7 +166,7 @@ def compute_stats() -> dict:
 def reset_peak_memory_stats() -> None:
     """Every ".peak" figure of this rank starts again from its current value, as
     torch.cuda.reset_peak_memory_stats() does. Nothing outside a rank."""
-    if not _in_a_call():
+    if not is_rank():
         return
     from sgpu import _native
 

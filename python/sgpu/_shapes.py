@@ -231,8 +231,12 @@ class _ShapesMode(FakeTensorMode):
             out = super().__torch_dispatch__(func, types, args, kwargs)
         finally:
             self._dispatching.depth = depth
-        if depth == 0:
-            self.timed(func, args, kwargs, out)
+        if depth > 0:
+            # An operator inside one that the fake kernels decompose (log_softmax into max,
+            # exp, sum, log): the GPU runs the outer one's kernel, which makes its outputs
+            # and none of these temporaries.
+            return out
+        self.timed(func, args, kwargs, out)
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, FakeTensor) and leaf.device.type == "cuda":
                 storage = leaf.untyped_storage()

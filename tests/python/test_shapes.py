@@ -450,6 +450,29 @@ def test_attention_runs_the_fused_kernel_a_gpu_runs():
     assert recomputed == ops
 
 
+def log_softmax_peak() -> tuple:
+    """The peak of a float32 log_softmax over 64 MiB of logits on the GPU, above what was
+    held before it, and the operators timed."""
+    torch.cuda.set_device(sgpu.get_local_rank())
+    logits = torch.empty(4096, 4096, device="cuda")
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = torch.log_softmax(logits, dim=-1)
+    return torch.cuda.max_memory_allocated() - held, sorted(sgpu.compute_stats()["ops"]), \
+        tuple(out.shape)
+
+
+def test_an_operator_the_fake_kernels_decompose_takes_only_its_own_outputs():
+    """torch's fake kernels run log_softmax as max, subtract, exp, sum and log, each with a
+    64 MiB result; a GPU runs one kernel that makes the output alone. So does shape-only
+    compute: one operator timed, one output's memory."""
+    peak, ops, shape = distributed(gpus=1, tracking=False, sim_compute="shapes")(
+        log_softmax_peak).distributed()[0]
+    assert shape == (4096, 4096)
+    assert peak == 4096 * 4096 * 4, peak
+    assert ops == ["aten._log_softmax"], ops
+
+
 def test_ranks_that_all_reduce_different_shapes_fail_alike_naming_each_other():
     @distributed(gpus=2, tracking=False, timeout=120, sim_compute="shapes")
     def uneven():
@@ -479,9 +502,14 @@ def test_a_python_program_under_sgpu_run_steps_in_shapes(tmp_path):
         from test_shapes import three_huge_layers  # this file's, run as a program's main
 
         print(f"rank {{sgpu.get_global_rank()}}: {{three_huge_layers()[0]}}")
+        stats = sgpu.compute_stats()
+        print(f"rank {{sgpu.get_global_rank()}} so far: {{stats['platform']}}, "
+              f"{{stats['predicted_seconds'] > 0}}")
     """, "--gpus", "2", timeout=300, env={"SGPU_TRACKING": "off", "SGPU_SIM_COMPUTE": "shapes"})
     assert code == 0, err
     assert "rank 0: (20000, 40000)" in out and "rank 1: (20000, 40000)" in out
+    # Inside the program, its rank's estimate so far, as inside a function.
+    assert "rank 0 so far: h100-nvswitch, True" in out, out
     assert "reduce_scatter_tensor 3 calls" in err, err
     assert "sgpu: compute (the most of any rank): " in err and " on h100-nvswitch" in err, err
 
