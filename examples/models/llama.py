@@ -156,21 +156,28 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
 
 
-def train_step(model: Transformer, optimizer, batch: int, seq: int, accumulate: int = 1):
+def train_step(model: Transformer, optimizer, batch: int, seq: int, accumulate: int = 1,
+               loss: str = "float32"):
     """One step on random tokens, batch x seq (at most the model's max_seq_len) a
-    micro-batch: `accumulate` times forward, the next-token loss in float32 and backward,
-    then the optimizer's step and its gradients freed (zero_grad), as a training loop does
-    before its next step. Returns the last micro-batch's loss."""
+    micro-batch: `accumulate` times forward, the next-token loss and backward, then the
+    optimizer's step and its gradients freed (zero_grad), as a training loop does before
+    its next step. The loss is computed on the logits made float32 (torchtitan's), or with
+    loss="fused" on the logits as they are, as a fused cross-entropy kernel does
+    (llm-foundry's): no float32 copy of them. Returns the last micro-batch's loss."""
+    if loss not in ("float32", "fused"):
+        raise ValueError(f"loss={loss!r}: use \"float32\" or \"fused\"")
     config = model.config
     seq = min(seq, config.max_seq_len)
     for _ in range(accumulate):
         tokens = torch.randint(0, config.vocab_size, (batch, seq + 1)).cuda()
         logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
+        if loss == "float32":
+            logits = logits.float()
+        loss_value = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss_value.backward()
     optimizer.step()
     optimizer.zero_grad()
-    return loss
+    return loss_value
 
 
 def build(config: Config, mesh, checkpoint_activations: bool | str = False,

@@ -27,9 +27,10 @@ import mpt  # noqa: E402
 CONFIGS = {**llama.CONFIGS, **mpt.CONFIGS}
 
 
-def step_seconds(step) -> tuple[float, str]:
+def step_seconds(step, breakdown: bool = False) -> tuple[float, str]:
     """How long `step` takes on GPU 0: in sgpu's shape-only compute, the time its compute
-    model predicts for it; elsewhere, the wall clock's, the GPU synchronised around it."""
+    model predicts for it (with `breakdown`, rank 0 prints the operators that take most of
+    it); elsewhere, the wall clock's, the GPU synchronised around it."""
     try:
         from sgpu import compute_stats
     except ImportError:
@@ -43,6 +44,12 @@ def step_seconds(step) -> tuple[float, str]:
     after = compute_stats()
     if not after.get("platform"):
         return wall, "measured"
+    if breakdown and int(os.environ.get("RANK", 0)) == 0:
+        ops = {op: t["predicted_seconds"] - before.get("ops", {}).get(op, {}).get(
+            "predicted_seconds", 0) for op, t in after["ops"].items()}
+        for op, seconds in sorted(ops.items(), key=lambda item: -item[1])[:15]:
+            count = after["ops"][op]["count"] - before.get("ops", {}).get(op, {}).get("count", 0)
+            print(f"  {op}: {seconds:.4f} s in {count} calls")
     total = lambda s: s.get("predicted_seconds", 0) + s.get("exposed_collective_seconds", 0)  # noqa: E731
     return total(after) - total(before), f"predicted on {after['platform']}"
 
@@ -59,10 +66,16 @@ def main() -> None:
                         "selective policy, or each block's activations recomputed in backward")
     parser.add_argument("--checkpointing", action="store_true", help="the same as --ac full")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--loss", choices=["float32", "fused"], default="float32",
+                        help="the loss on the logits made float32 (torchtitan's), or on the "
+                        "logits as they are, as a fused cross-entropy kernel (llm-foundry's)")
     parser.add_argument("--steps", type=int, default=1,
                         help="steps to run; the last one's time is printed (from the second "
                         "on, the optimizer's state is held through forward and backward, as "
                         "in a long run)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="in shape-only compute, the operators that take most of the "
+                        "last step's predicted time")
     args = parser.parse_args()
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -76,7 +89,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(args.steps):
         seconds, how = step_seconds(lambda: llama.train_step(model, optimizer, args.batch,
-                                                             args.seq, args.accum))
+                                                             args.seq, args.accum,
+                                                             args.loss),
+                                    args.breakdown)
     if dist.get_rank() == 0:
         tokens = args.accum * args.batch * min(args.seq, config.max_seq_len)
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
