@@ -10,7 +10,12 @@ that needs more GPUs than the node has is skipped, and passes), 1 when one faile
 another torch, 3 when torch sees no GPU (every test would only skip; --allow-no-gpu runs
 them anyway, to check the packing on a machine without one).
 
-    python3 .gpu-prebuilt/gpu_run.py [--timeout SECONDS] [--allow-no-gpu]
+Then it calibrates the kernel model of the GPU's platform (gpu_calibrate.py, on the packed
+platform file whose GPU type the device's name gives: H100, H200) and writes the
+calibrated platform file into --calibration (default $OUT/calibration where $OUT is set,
+else calibration/ beside this script); a GPU with no such platform is not calibrated.
+
+    python3 .gpu-prebuilt/gpu_run.py [--timeout SECONDS] [--allow-no-gpu] [--calibration DIR]
 """
 import argparse
 import json
@@ -28,6 +33,9 @@ def main():
     parser = argparse.ArgumentParser(description="Runs the packed gpu tests.")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
     parser.add_argument("--allow-no-gpu", action="store_true")
+    parser.add_argument("--calibration", default=os.path.join(
+        os.environ["OUT"] if os.environ.get("OUT") else HERE, "calibration"),
+        help="where to write the calibrated platform file")
     args = parser.parse_args()
     import torch
 
@@ -83,7 +91,27 @@ def main():
             failed.append(test["name"])
     print(f"gpu_run: {len(tests) - len(failed)} of {len(tests)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    calibrate(torch, args.calibration)
     return 1 if failed else 0
+
+
+# The packed platform file calibrated for a device whose name holds the key.
+PLATFORMS = {"H100": "h100-nvswitch", "H200": "h200-nvswitch"}
+
+
+def calibrate(torch, out):
+    """The kernel model's microbenchmarks on GPU 0, into a calibrated platform file."""
+    if torch.cuda.device_count() == 0:
+        return
+    name = torch.cuda.get_device_name(0)
+    platform = next((p for key, p in PLATFORMS.items() if key in name), None)
+    if platform is None:
+        print(f"== calibration: no packed platform for {name}; not calibrated", flush=True)
+        return
+    print(f"== calibration of {platform} on {name}", flush=True)
+    subprocess.run([sys.executable, os.path.join(HERE, "gpu_calibrate.py"), "--base",
+                    os.path.join(HERE, "platforms", f"{platform}.json"), "--out", out],
+                   check=False)
 
 
 if __name__ == "__main__":
