@@ -97,7 +97,7 @@ def main() -> None:
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
               f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0; step {args.steps} "
-              f"{seconds:.3f} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU")
+              f"{seconds:.4g} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU")
     dist.destroy_process_group()
 
 
