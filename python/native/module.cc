@@ -183,8 +183,8 @@ struct ResultBytes {
 };
 
 // A rank's compute estimate (sgpu/compute.h): {"platform", "count", "flops", "bytes",
-// "predicted_seconds", "exposed_collective_seconds", "ops": {op: {"count", "flops",
-// "bytes", "predicted_seconds"}}}.
+// "predicted_seconds", "exposed_collective_seconds", "unvalidated_seconds", "ops": {op:
+// {"count", "flops", "bytes", "predicted_seconds"}}}.
 py::dict compute_dict(const sgpu::ComputeStats& stats) {
   auto totals = [](const sgpu::ComputeTotals& t, py::dict d) {
     d["count"] = t.count;
@@ -198,6 +198,7 @@ py::dict compute_dict(const sgpu::ComputeStats& stats) {
   py::dict out = totals(stats.total(), py::dict());
   out["platform"] = stats.platform;
   out["exposed_collective_seconds"] = stats.exposed_collective_seconds;
+  out["unvalidated_seconds"] = stats.unvalidated_seconds;
   out["ops"] = ops;
   return out;
 }

@@ -323,9 +323,11 @@ class Handle:
     def compute_stats(self, timeout: Optional[float] = None) -> list:
         """Each rank's compute estimate in rank order, once the call is done, whether it
         succeeded or failed: {"platform", "count", "flops", "bytes", "predicted_seconds",
-        "exposed_collective_seconds", "ops": {op: {...the same}}}, what the operators each
-        rank ran on its GPU would take on the platform, and how much later its collectives
-        end the step than its compute alone, in shape-only compute (sim_compute="shapes"); an empty
+        "exposed_collective_seconds", "unvalidated_seconds", "ops": {op: {...the same}}},
+        what the operators each rank ran on its GPU would take on the platform, how much
+        later its collectives end the step than its compute alone, and how much of the
+        time is in matmul and attention kernels of a dtype the platform's kernel model was
+        not held to measured runs of, in shape-only compute (sim_compute="shapes"); an empty
         "ops" for a rank computing values. Waits as result() does, without raising."""
         if self._outcome is None:
             self._wait(timeout)

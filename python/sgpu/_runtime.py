@@ -151,9 +151,11 @@ def memory_stats() -> dict:
 def compute_stats() -> dict:
     """This rank's compute estimate so far, in shape-only compute (sim_compute="shapes";
     docs/simulation.md): {"platform", "count", "flops", "bytes", "predicted_seconds",
-    "exposed_collective_seconds", "ops": {op: {"count", "flops", "bytes",
-    "predicted_seconds"}}}, what the operators it ran on its GPU would take on the node, and
-    how much later its collectives end the step so far than its compute alone. Take it
+    "exposed_collective_seconds", "unvalidated_seconds", "ops": {op: {"count", "flops",
+    "bytes", "predicted_seconds"}}}, what the operators it ran on its GPU would take on the
+    node, how much later its collectives end the step so far than its compute alone, and
+    how much of it is in kernels the platform's model was not held to (a dtype no measured
+    run had; docs/simulation.md#the-compute-estimate). Take it
     before and after a step for that step's, in a function's rank or a program's that
     `sgpu run` started. Empty outside a rank, and all zeros for a rank computing values."""
     if not _in_a_call():

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <mutex>
+#include <string>
 
 #include "collectives/recorder.h"
 #include "collectives/timeline.h"
@@ -32,6 +34,34 @@ double predicted_comm_seconds(const CommStats& comm) {
   return seconds;
 }
 
+// How far the estimate can be trusted, from what the platform's kernel model was held to
+// (KernelCosts::validated_dtypes): its typical error, or why there is none to give.
+std::string assurance(const std::string& platform, double unvalidated_share) {
+  model::KernelCosts kernels;
+  try {
+    kernels = model::load_platform(platform).compute.kernels;
+  } catch (const std::exception&) {
+    return "";  // a platform given by a file's path: nothing known of it beyond the file
+  }
+  if (kernels.validated_dtypes.empty())
+    return "; " + platform + "'s compute model is held to no measured run yet: no error to give";
+  std::string dtypes;
+  for (const std::string& d : kernels.validated_dtypes) dtypes += (dtypes.empty() ? "" : ", ") + d;
+  char text[256];
+  if (unvalidated_share > 0.1) {
+    std::snprintf(text, sizeof text,
+                  "; %.0f%% of the compute is in matmul and attention kernels of a dtype the "
+                  "model was not held to (it was to %s): no error to give",
+                  unvalidated_share * 100, dtypes.c_str());
+  } else {
+    std::snprintf(text, sizeof text,
+                  "; typical error %.0f%% (the mean over %d measured run%s, docs/benchmarks.md)",
+                  kernels.typical_error * 100, kernels.validated_runs,
+                  kernels.validated_runs == 1 ? "" : "s");
+  }
+  return text;
+}
+
 struct ComputeAccount {
   std::mutex mutex;
   ComputeStats stats;
@@ -55,6 +85,8 @@ void count_compute(const std::string& op, const std::string& dtype, double flops
   const double seconds =
       timed ? collectives::time_kernel(platform->compute.kernels.host_us * 1e-6, kernel) : 0;
   if (timed) account.stats.platform = platform->name;
+  if (timed && !model::validated_kernel(platform->compute.kernels, shape, dtype))
+    account.stats.unvalidated_seconds += seconds;
   ComputeTotals& t = account.stats.ops[op];
   t.count += 1;
   t.flops += flops;
@@ -74,7 +106,7 @@ ComputeStats rank_compute_stats() {
 std::string compute_summary(const std::vector<ComputeStats>& compute,
                             const std::vector<CommStats>& comm, const std::string& whose) {
   ComputeTotals most;
-  double most_with_comm = 0, most_comm = 0, most_exposed = 0;
+  double most_with_comm = 0, most_comm = 0, most_exposed = 0, unvalidated_share = 0;
   std::string platform;
   bool any = false;
   for (std::size_t r = 0; r < compute.size(); ++r) {
@@ -89,6 +121,9 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
     const double collectives = r < comm.size() ? predicted_comm_seconds(comm[r]) : 0;
     most_comm = std::max(most_comm, collectives);
     most_exposed = std::max(most_exposed, compute[r].exposed_collective_seconds);
+    if (t.predicted_seconds > 0)
+      unvalidated_share =
+          std::max(unvalidated_share, compute[r].unvalidated_seconds / t.predicted_seconds);
     most_with_comm =
         std::max(most_with_comm, t.predicted_seconds + compute[r].exposed_collective_seconds);
   }
@@ -100,9 +135,9 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
   std::string line = std::string(text) + " of memory traffic";
   if (platform.empty()) return line + " (no platform to time them on)\n";
   std::snprintf(text, sizeof text,
-                ", %.3f s on %s; with the collectives' %.3f s (%.3f s of them exposed), %.3f s\n",
+                ", %.3f s on %s; with the collectives' %.3f s (%.3f s of them exposed), %.3f s",
                 most.predicted_seconds, platform.c_str(), most_comm, most_exposed, most_with_comm);
-  return line + text;
+  return line + text + assurance(platform, unvalidated_share) + "\n";
 }
 
 std::map<std::string, double> compute_metrics(const ComputeStats& compute) {

@@ -61,6 +61,12 @@ double kernel_seconds(const Roofline& roofline, const KernelShape& shape, double
   return std::max({compute, memory, costs.kernel_floor_us * 1e-6}) / roofline.efficiency;
 }
 
+bool validated_kernel(const KernelCosts& costs, const KernelShape& shape, std::string_view dtype) {
+  if (shape.kind == KernelKind::kOther) return true;
+  return std::find(costs.validated_dtypes.begin(), costs.validated_dtypes.end(), dtype) !=
+         costs.validated_dtypes.end();
+}
+
 double StreamTimeline::kernel(std::int64_t stream, double host_seconds, double kernel_seconds) {
   host_ += host_seconds;
   const double before = compute_end();

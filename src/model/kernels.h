@@ -17,7 +17,8 @@
 //     operators is bound by the host, as an eager step of a small model is on a GPU.
 // The "kernels" object:
 //   {sms, matmul_tiles: [[rows, cols, fraction], ...], attention_efficiency,
-//    memory_efficiency, kernel_floor_us, host_us, sources}
+//    memory_efficiency, kernel_floor_us, host_us, sources,
+//    validation: {dtypes: [...], runs, typical_error}}
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,13 @@ struct KernelCosts {
   double kernel_floor_us = 0;
   double host_us = 0;  // the host's time to issue one eager operator
   std::vector<std::string> sources;
+  // What the table was held to (bench/validate_predictions.py, docs/benchmarks.md): the
+  // dtypes of the matmul and attention kernels of the measured runs it was compared with,
+  // how many runs, and the mean absolute error of their predicted steps. No dtypes: it was
+  // held to no measured run.
+  std::vector<std::string> validated_dtypes;
+  int validated_runs = 0;
+  double typical_error = 0;
 
   bool empty() const { return sms <= 0; }
 };
@@ -67,6 +75,11 @@ struct KernelShape {
 // the platform has no kernel model; 0 for an empty roofline.
 double kernel_seconds(const Roofline& roofline, const KernelShape& shape, double flops,
                       double bytes, std::string_view dtype);
+
+// Whether the kernel model's error bound covers this kernel: an operator bound by its
+// memory traffic always is; a matmul or attention kernel when the table was held to
+// measured runs of its dtype.
+bool validated_kernel(const KernelCosts& costs, const KernelShape& shape, std::string_view dtype);
 
 // A point of a step, twice: as it runs, and as it would with its collectives taking no
 // time (NOTE [The step's timeline]).

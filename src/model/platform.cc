@@ -179,19 +179,36 @@ KernelCosts parse_kernels(const json& j, const std::string& origin) {
   k.kernel_floor_us = number(j, "kernel_floor_us", "compute.kernels", origin, false);
   k.host_us = number(j, "host_us", "compute.kernels", origin, false);
   for (const json& s : j.value("sources", json::array())) k.sources.push_back(s.get<std::string>());
+  if (j.contains("validation")) {
+    const json& v = j["validation"];
+    if (!v.is_object() || !v.value("dtypes", json()).is_array())
+      bad(origin, "compute.kernels: \"validation\" is not {dtypes: [...], runs, typical_error}");
+    for (const json& d : v["dtypes"]) k.validated_dtypes.push_back(d.get<std::string>());
+    k.validated_runs = static_cast<int>(number(v, "runs", "compute.kernels.validation", origin));
+    k.typical_error = number(v, "typical_error", "compute.kernels.validation", origin);
+    if (k.validated_runs < 1 || k.typical_error < 0)
+      bad(origin,
+          "compute.kernels.validation: \"runs\" is not 1 or more, or "
+          "\"typical_error\" is below 0");
+  }
   return k;
 }
 
 json kernels_json(const KernelCosts& k) {
   json tiles = json::array();
   for (const MatmulTile& t : k.matmul_tiles) tiles.push_back({t.rows, t.cols, t.efficiency});
-  return {{"sms", k.sms},
-          {"matmul_tiles", tiles},
-          {"attention_efficiency", k.attention_efficiency},
-          {"memory_efficiency", k.memory_efficiency},
-          {"kernel_floor_us", k.kernel_floor_us},
-          {"host_us", k.host_us},
-          {"sources", k.sources}};
+  json j = {{"sms", k.sms},
+            {"matmul_tiles", tiles},
+            {"attention_efficiency", k.attention_efficiency},
+            {"memory_efficiency", k.memory_efficiency},
+            {"kernel_floor_us", k.kernel_floor_us},
+            {"host_us", k.host_us},
+            {"sources", k.sources}};
+  if (!k.validated_dtypes.empty())
+    j["validation"] = {{"dtypes", k.validated_dtypes},
+                       {"runs", k.validated_runs},
+                       {"typical_error", k.typical_error}};
+  return j;
 }
 
 Roofline parse_roofline(const json& j, const std::string& origin) {

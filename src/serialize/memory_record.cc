@@ -45,7 +45,8 @@ void write_compute_record(const std::filesystem::path& path, const ComputeStats&
   }
   const nlohmann::json record = {{"platform", stats.platform},
                                  {"ops", ops},
-                                 {"exposed_collective_seconds", stats.exposed_collective_seconds}};
+                                 {"exposed_collective_seconds", stats.exposed_collective_seconds},
+                                 {"unvalidated_seconds", stats.unvalidated_seconds}};
   contract::write_file_atomically(path, record.dump(1) + "\n");
 }
 
@@ -56,6 +57,7 @@ std::optional<ComputeStats> read_compute_record(const std::filesystem::path& pat
   try {
     stats.platform = json.value("platform", "");
     stats.exposed_collective_seconds = json.value("exposed_collective_seconds", 0.0);
+    stats.unvalidated_seconds = json.value("unvalidated_seconds", 0.0);
     for (const auto& [op, t] : json["ops"].items()) {
       stats.ops[op] = {t.at("count").get<std::int64_t>(), t.at("flops").get<double>(),
                        t.at("bytes").get<double>(), t.at("predicted_seconds").get<double>()};

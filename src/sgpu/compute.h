@@ -34,6 +34,10 @@ struct ComputeStats {
   // How much later the step ends for its collectives: the part of their time that compute
   // does not hide, as the program's streams and waits let it.
   double exposed_collective_seconds = 0;
+  // The part of predicted_seconds in matmul and attention kernels of a dtype that the
+  // platform's kernel model was not held to measured runs of (model/kernels.h): where it
+  // is large, the estimate has no error bound.
+  double unvalidated_seconds = 0;
 
   ComputeTotals total() const {
     ComputeTotals sum;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -56,6 +57,9 @@ TEST(ComputeAccount, EachOperatorMovesTheRanksGpuTimelineByItsKernel) {
   EXPECT_NEAR(stats.ops.at("aten.add").predicted_seconds,
               3e9 / (3350e9 * h100.kernels.memory_efficiency), 1e-15);
   EXPECT_EQ(stats.total().count, 3);
+  // The table was held to bfloat16 runs: the float32 matmul is outside what it answers for.
+  EXPECT_DOUBLE_EQ(stats.unvalidated_seconds,
+                   model::kernel_seconds(h100, square, 2e12, 1e8, "float32"));
 }
 
 TEST(ComputeRecord, ReadsBackWhatWasWrittenAndRefusesWhatIsNot) {
@@ -83,15 +87,38 @@ TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsExposedCollectives) {
   rank0.exposed_collective_seconds = 0.1;
   rank1.exposed_collective_seconds = 0.01;
   const std::string line = compute_summary({rank0, rank1}, {comm_of(0.25), comm_of(0.125)});
+  const model::KernelCosts h100 = model::load_platform("h100-nvswitch").compute.kernels;
   EXPECT_EQ(line,
             "sgpu: compute (the most of any rank): 8 operators, 12.00 TFLOP, 9.59 GiB of memory "
             "traffic, 0.014 s on h100-nvswitch; with the collectives' 0.250 s (0.100 s of them "
-            "exposed), 0.107 s\n");
+            "exposed), 0.107 s; typical error " +
+                std::to_string(static_cast<int>(std::lround(h100.typical_error * 100))) +
+                "% (the mean over " + std::to_string(h100.validated_runs) +
+                " measured runs, docs/benchmarks.md)\n");
   EXPECT_EQ(compute_summary({ComputeStats{}, ComputeStats{}}, {}), "");
   ComputeStats untimed = two_ops(1);
   untimed.platform.clear();
   EXPECT_NE(compute_summary({untimed}, {}).find("(no platform to time them on)"),
             std::string::npos);
+}
+
+// A step mostly in kernels of a dtype the kernel table was never held to gets no error
+// bound; nor does a platform whose table no measured run holds.
+TEST(ComputeSummary, GivesNoErrorWhereTheModelWasNotHeldToMeasuredRuns) {
+  ComputeStats float32 = two_ops(1);
+  float32.unvalidated_seconds = 0.006;  // the matmuls: 6 of the 7 ms
+  EXPECT_NE(compute_summary({float32}, {})
+                .find("; 86% of the compute is in matmul and attention kernels of a dtype the "
+                      "model was not held to (it was to bfloat16): no error to give\n"),
+            std::string::npos)
+      << compute_summary({float32}, {});
+  ComputeStats a100 = two_ops(1);
+  a100.platform = "a100-nvswitch";
+  EXPECT_NE(compute_summary({a100}, {})
+                .find("; a100-nvswitch's compute model is held to no measured run yet: no error to "
+                      "give\n"),
+            std::string::npos)
+      << compute_summary({a100}, {});
 }
 
 TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {

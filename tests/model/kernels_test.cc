@@ -180,6 +180,29 @@ TEST(PlatformFile, SaysWhatIsWrongWithItsKernelTable) {
             std::string::npos);
   EXPECT_EQ(error_of_kernels(R"({"sms": 4, "matmul_tiles": [[64, 64, 0.5]], "host_us": 3})"),
             "(accepted)");
+  EXPECT_NE(error_of_kernels(R"({"sms": 4, "validation": {"runs": 2}})")
+                .find("\"validation\" is not {dtypes: [...], runs, typical_error}"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of_kernels(
+          R"({"sms": 4, "validation": {"dtypes": ["bfloat16"], "runs": 0, "typical_error": 0.1}})")
+          .find("\"runs\" is not 1 or more"),
+      std::string::npos);
+}
+
+// What the table was held to answers for bfloat16 matmuls and attention, and for every
+// kernel bound by its memory traffic; a float32 matmul is outside it.
+TEST(KernelModel, AnswersForTheDtypesItWasHeldTo) {
+  const KernelCosts h100 = load_platform("h100-nvswitch").compute.kernels;
+  ASSERT_EQ(h100.validated_dtypes, std::vector<std::string>{"bfloat16"});
+  EXPECT_GE(h100.validated_runs, 1);
+  const KernelShape mm{KernelKind::kMatmul, 1, 4096, 4096, 4096};
+  const KernelShape attention{KernelKind::kAttention};
+  EXPECT_TRUE(validated_kernel(h100, mm, "bfloat16"));
+  EXPECT_TRUE(validated_kernel(h100, attention, "bfloat16"));
+  EXPECT_FALSE(validated_kernel(h100, mm, "float32"));
+  EXPECT_TRUE(validated_kernel(h100, KernelShape{}, "float32"));
+  EXPECT_FALSE(validated_kernel(load_platform("a100-nvswitch").compute.kernels, mm, "bfloat16"));
 }
 
 TEST(PlatformFile, AKernelTableReadsBackTheSame) {
@@ -191,6 +214,9 @@ TEST(PlatformFile, AKernelTableReadsBackTheSame) {
                    kernel_seconds(h100, shape, 7e10, 1e8, "bfloat16"));
   EXPECT_EQ(again.kernels.host_us, h100.kernels.host_us);
   EXPECT_EQ(again.kernels.sources, h100.kernels.sources);
+  EXPECT_EQ(again.kernels.validated_dtypes, h100.kernels.validated_dtypes);
+  EXPECT_EQ(again.kernels.validated_runs, h100.kernels.validated_runs);
+  EXPECT_EQ(again.kernels.typical_error, h100.kernels.typical_error);
 }
 
 }  // namespace
