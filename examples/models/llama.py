@@ -146,14 +146,22 @@ class Transformer(nn.Module):
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    @torch.no_grad()
     def init_weights(self) -> None:
         """Llama's initial values: normal(0, 0.02) weights, RMSNorm's ones."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+        init_weights(self)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module) -> None:
+    """normal(0, 0.02) weights of linear layers and embeddings, zero biases, norms' ones
+    (RMSNorm's; LayerNorm's, with zero biases)."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, (RMSNorm, nn.LayerNorm)):
+            nn.init.ones_(module.weight)
+        if isinstance(getattr(module, "bias", None), torch.Tensor):
+            nn.init.zeros_(module.bias)
 
 
 def train_step(model: Transformer, optimizer, batch: int, seq: int, accumulate: int = 1,

@@ -103,17 +103,9 @@ class Transformer(nn.Module):
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    @torch.no_grad()
     def init_weights(self) -> None:
-        """normal(0, 0.02) weights, zero biases, LayerNorm's ones."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        """normal(0, 0.02) weights, zero biases, LayerNorm's ones (llama.init_weights)."""
+        llama.init_weights(self)
 
 
 def build(config: Config, mesh, checkpoint_activations: bool | str = False,
