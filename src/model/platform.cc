@@ -183,7 +183,11 @@ KernelCosts parse_kernels(const json& j, const std::string& origin) {
     const json& v = j["validation"];
     if (!v.is_object() || !v.value("dtypes", json()).is_array())
       bad(origin, "compute.kernels: \"validation\" is not {dtypes: [...], runs, typical_error}");
-    for (const json& d : v["dtypes"]) k.validated_dtypes.push_back(d.get<std::string>());
+    for (const json& d : v["dtypes"]) {
+      if (!d.is_string())
+        bad(origin, "compute.kernels.validation: the dtype " + d.dump() + " is not a name");
+      k.validated_dtypes.push_back(d.get<std::string>());
+    }
     k.validated_runs = static_cast<int>(number(v, "runs", "compute.kernels.validation", origin));
     k.typical_error = number(v, "typical_error", "compute.kernels.validation", origin);
     if (k.validated_runs < 1 || k.typical_error < 0)

@@ -188,6 +188,10 @@ TEST(PlatformFile, SaysWhatIsWrongWithItsKernelTable) {
           R"({"sms": 4, "validation": {"dtypes": ["bfloat16"], "runs": 0, "typical_error": 0.1}})")
           .find("\"runs\" is not 1 or more"),
       std::string::npos);
+  EXPECT_NE(error_of_kernels(
+                R"({"sms": 4, "validation": {"dtypes": [16], "runs": 1, "typical_error": 0.1}})")
+                .find("the dtype 16 is not a name"),
+            std::string::npos);
 }
 
 // What the table was held to answers for bfloat16 matmuls and attention, and for every
