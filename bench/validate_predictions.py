@@ -39,6 +39,7 @@ STEP = ROOT / "examples" / "models" / "llama_step.py"
 
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 LLM_FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16"
+LLM_FOUNDRY_A100 = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 80GB"
 # Its MPT trains in bfloat16 with FSDP's DEFAULT mixed precision (parameters gathered in
 # bfloat16, gradients reduced in float32), as llama_step.py's bf16, and with a fused
 # cross-entropy loss (no float32 copy of the logits): --loss fused.
@@ -92,6 +93,21 @@ ROWS = [
     Row("mpt-13b-2k", LLM_FOUNDRY,
         "MPT 13B, FSDP, 8 H100 80GB, micro-batch 2 x 2048, no AC", 4792, None, "8xH100",
         ("--size", "mpt-13b", "--batch", "2", "--seq", "2048", "--loss", "fused")),
+    Row("a100-mpt-760m-2k", LLM_FOUNDRY_A100,
+        "MPT 760M, FSDP, 8 A100 80GB, micro-batch 24 x 2048, 2 accumulated, no AC", 32434,
+        None, "8xA100",
+        ("--size", "mpt-760m", "--batch", "24", "--accum", "2", "--seq", "2048", "--loss",
+         "fused")),
+    Row("a100-mpt-3b-2k", LLM_FOUNDRY_A100,
+        "MPT 3B, FSDP, 8 A100 80GB, micro-batch 10 x 2048, 2 accumulated, no AC", 10811, None,
+        "8xA100",
+        ("--size", "mpt-3b", "--batch", "10", "--accum", "2", "--seq", "2048", "--loss",
+         "fused")),
+    Row("a100-mpt-7b-2k", LLM_FOUNDRY_A100,
+        "MPT 7B, FSDP, 8 A100 80GB, micro-batch 6 x 2048, 2 accumulated, no AC", 4641, None,
+        "8xA100",
+        ("--size", "mpt-7b", "--batch", "6", "--accum", "2", "--seq", "2048", "--loss",
+         "fused")),
 ]
 
 # What llama_step.py prints on GPU 0.
