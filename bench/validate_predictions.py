@@ -62,6 +62,26 @@ class Row:
         return int(self.node.split("x")[0])
 
 
+def mpt_row(source: str, gpu: str, size: str, batch: int, seq: int, tokens_per_s: float,
+            accumulate: int = 1, ac: str = "none") -> Row:
+    """One of llm-foundry's 8-GPU MPT runs (FSDP, 80 GB GPUs, no memory published): its
+    configuration said once, as the table's text and as llama_step.py's arguments."""
+    args = ["--size", f"mpt-{size}", "--batch", str(batch)]
+    if accumulate > 1:
+        args += ["--accum", str(accumulate)]
+    args += ["--seq", str(seq)]
+    if ac != "none":
+        args += ["--ac", ac]
+    accumulated = f", {accumulate} accumulated" if accumulate > 1 else ""
+    checkpointing = "no AC" if ac == "none" else f"{ac} AC"
+    row_id = ("" if gpu == "H100" else f"{gpu.lower()}-") + \
+        f"mpt-{size}-{seq // 1024}k" + ("-ac" if ac != "none" else "")
+    return Row(row_id, source,
+               f"MPT {size.upper()}, FSDP, 8 {gpu} 80GB, micro-batch {batch} x {seq}"
+               f"{accumulated}, {checkpointing}", tokens_per_s, None, f"8x{gpu}",
+               (*args, "--loss", "fused"))
+
+
 ROWS = [
     Row("torchtitan-8b-fsdp", f"{TORCHTITAN}, Table 1",
         "Llama 3.1 8B, FSDP, 8 H100 96GB 500 W, batch 2 x 8192, selective AC",
@@ -75,39 +95,14 @@ ROWS = [
     Row("torchtitan-8b-fsdp-128", f"{TORCHTITAN}, Table 3",
         "Llama 3.1 8B, FSDP, 128 H100s (16 nodes), batch 2 x 8192, selective AC", 5605, 67.0,
         not_modelled="16 nodes: the network between nodes"),
-    Row("mpt-760m-2k", LLM_FOUNDRY,
-        "MPT 760M, FSDP, 8 H100 80GB, micro-batch 24 x 2048, 2 accumulated, no AC",
-        63147, None, "8xH100",
-        ("--size", "mpt-760m", "--batch", "24", "--accum", "2", "--seq", "2048", "--loss", "fused")),
-    Row("mpt-1b-2k", LLM_FOUNDRY,
-        "MPT 1B, FSDP, 8 H100 80GB, micro-batch 14 x 2048, no AC", 45455, None, "8xH100",
-        ("--size", "mpt-1b", "--batch", "14", "--seq", "2048", "--loss", "fused")),
-    Row("mpt-7b-2k", LLM_FOUNDRY,
-        "MPT 7B, FSDP, 8 H100 80GB, micro-batch 6 x 2048, no AC", 10643, None, "8xH100",
-        ("--size", "mpt-7b", "--batch", "6", "--seq", "2048", "--loss", "fused")),
-    Row("mpt-7b-4k-ac", LLM_FOUNDRY,
-        "MPT 7B, FSDP, 8 H100 80GB, micro-batch 16 x 4096, 2 accumulated, full AC", 8611,
-        None, "8xH100",
-        ("--size", "mpt-7b", "--batch", "16", "--accum", "2", "--seq", "4096", "--ac", "full",
-         "--loss", "fused")),
-    Row("mpt-13b-2k", LLM_FOUNDRY,
-        "MPT 13B, FSDP, 8 H100 80GB, micro-batch 2 x 2048, no AC", 4792, None, "8xH100",
-        ("--size", "mpt-13b", "--batch", "2", "--seq", "2048", "--loss", "fused")),
-    Row("a100-mpt-760m-2k", LLM_FOUNDRY_A100,
-        "MPT 760M, FSDP, 8 A100 80GB, micro-batch 24 x 2048, 2 accumulated, no AC", 32434,
-        None, "8xA100",
-        ("--size", "mpt-760m", "--batch", "24", "--accum", "2", "--seq", "2048", "--loss",
-         "fused")),
-    Row("a100-mpt-3b-2k", LLM_FOUNDRY_A100,
-        "MPT 3B, FSDP, 8 A100 80GB, micro-batch 10 x 2048, 2 accumulated, no AC", 10811, None,
-        "8xA100",
-        ("--size", "mpt-3b", "--batch", "10", "--accum", "2", "--seq", "2048", "--loss",
-         "fused")),
-    Row("a100-mpt-7b-2k", LLM_FOUNDRY_A100,
-        "MPT 7B, FSDP, 8 A100 80GB, micro-batch 6 x 2048, 2 accumulated, no AC", 4641, None,
-        "8xA100",
-        ("--size", "mpt-7b", "--batch", "6", "--accum", "2", "--seq", "2048", "--loss",
-         "fused")),
+    mpt_row(LLM_FOUNDRY, "H100", "760m", 24, 2048, 63147, accumulate=2),
+    mpt_row(LLM_FOUNDRY, "H100", "1b", 14, 2048, 45455),
+    mpt_row(LLM_FOUNDRY, "H100", "7b", 6, 2048, 10643),
+    mpt_row(LLM_FOUNDRY, "H100", "7b", 16, 4096, 8611, accumulate=2, ac="full"),
+    mpt_row(LLM_FOUNDRY, "H100", "13b", 2, 2048, 4792),
+    mpt_row(LLM_FOUNDRY_A100, "A100", "760m", 24, 2048, 32434, accumulate=2),
+    mpt_row(LLM_FOUNDRY_A100, "A100", "3b", 10, 2048, 10811, accumulate=2),
+    mpt_row(LLM_FOUNDRY_A100, "A100", "7b", 6, 2048, 4641, accumulate=2),
 ]
 
 # What llama_step.py prints on GPU 0.
