@@ -1,5 +1,6 @@
-"""FSDP2 training steps of llama.py's model (or mpt.py's, `--size mpt-7b`), as a script that torchrun (or `sgpu run`)
-starts on every GPU of a node, written as one is written for the node:
+"""FSDP2 training steps of llama.py's model (or mpt.py's, `--size mpt-7b`), as a script
+that torchrun (or `sgpu run`) starts on every GPU of a node, written as one is written for
+the node:
 
     torchrun --nproc-per-node 8 examples/models/llama_step.py --size 8B
     SGPU_SIM_COMPUTE=shapes sgpu run --backend sim --gpus 8 -- \\
@@ -50,8 +51,10 @@ def step_seconds(step, breakdown: bool = False) -> tuple[float, str]:
         for op, seconds in sorted(ops.items(), key=lambda item: -item[1])[:15]:
             count = after["ops"][op]["count"] - before.get("ops", {}).get(op, {}).get("count", 0)
             print(f"  {op}: {seconds:.4f} s in {count} calls")
-    total = lambda s: s.get("predicted_seconds", 0) + s.get("exposed_collective_seconds", 0)  # noqa: E731
-    return total(after) - total(before), f"predicted on {after['platform']}"
+    def step_end(stats):  # the compute's critical path and the collectives exposed past it
+        return stats.get("predicted_seconds", 0) + stats.get("exposed_collective_seconds", 0)
+
+    return step_end(after) - step_end(before), f"predicted on {after['platform']}"
 
 
 def main() -> None:
