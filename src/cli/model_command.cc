@@ -55,6 +55,7 @@ struct ModelFlags {
   std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter"};
   std::string min_bytes = "8", max_bytes = "8G";
   int ranks = 0;
+  int nodes = 1;
   std::vector<std::string> validate_platforms;
   bool markdown = false;
   std::string bench_json, base = "auto", gpu_type, name, output;
@@ -77,14 +78,21 @@ int predict(const ModelFlags& flags) {
   const std::vector<Collective> ops = parse_ops(flags.ops);
   const std::int64_t min = model::parse_message_size(flags.min_bytes);
   const std::int64_t max = model::parse_message_size(flags.max_bytes);
-  const int ranks = flags.ranks > 0 ? flags.ranks : (p.gpus > 0 ? p.gpus : 8);
-  std::cout << "# " << p.name << ", " << ranks << " ranks: the collective model's times ("
-            << p.origin << ")\n";
+  const int nodes = std::max(flags.nodes, 1);
+  const int ranks = flags.ranks > 0 ? flags.ranks : (p.gpus > 0 ? p.gpus : 8) * nodes;
+  if (ranks < nodes)
+    throw ConfigError("--ranks " + std::to_string(ranks) + " cannot fill --nodes " +
+                      std::to_string(nodes) + ": give at least one rank a node");
+  const model::Span span{ranks, nodes, ranks / nodes};
+  model::require_network(p, span);
+  std::cout << "# " << p.name << ", " << ranks << " ranks"
+            << (nodes > 1 ? " on " + std::to_string(nodes) + " nodes" : std::string())
+            << ": the collective model's times (" << p.origin << ")\n";
   std::printf("# %-14s %14s %12s %10s %10s  %s\n", "op", "size (B)", "time (us)", "algbw", "busbw",
               "algorithm");
   for (Collective op : ops) {
     for (std::int64_t bytes = std::max<std::int64_t>(min, 1); bytes <= max; bytes *= 2) {
-      const model::Prediction got = model::predict(p, op, bytes, ranks);
+      const model::Prediction got = model::predict(p, op, bytes, span);
       const double algbw = got.seconds > 0 ? static_cast<double>(bytes) / got.seconds / 1e9 : 0;
       std::printf("  %-14s %14lld %12.2f %10.2f %10.2f  %s\n",
                   std::string(model::collective_name(op)).c_str(), static_cast<long long>(bytes),
@@ -119,17 +127,19 @@ int validate(const ModelFlags& flags) {
                                         ? fixed(row.predicted.busbw_gbps, 1) + " GB/s busbw"
                                         : fixed(row.predicted.seconds * 1e6, 1) + " us";
       const std::string error = (row.error >= 0 ? "+" : "") + fixed(row.error * 100, 1) + "%";
+      std::string op(model::collective_name(f.op));
+      if (f.nodes > 1) op += ", " + std::to_string(f.nodes) + " nodes";
       std::string source = f.source;
       if (f.calibrated) source += " (calibrated to it)";
       if (!f.note.empty()) source += "; " + f.note;
       if (flags.markdown) {
-        std::cout << "| " << p.name << " | " << model::collective_name(f.op) << " | "
-                  << size_text(f.bytes) << " | " << published << " | " << predicted << " ("
-                  << row.predicted.algorithm << ") | " << error << " | " << source << " |\n";
+        std::cout << "| " << p.name << " | " << op << " | " << size_text(f.bytes) << " | "
+                  << published << " | " << predicted << " (" << row.predicted.algorithm << ") | "
+                  << error << " | " << source << " |\n";
       } else {
         std::printf("%-14s %-15s %9s  published %-20s predicted %-20s %7s  %s\n", p.name.c_str(),
-                    std::string(model::collective_name(f.op)).c_str(), size_text(f.bytes).c_str(),
-                    published.c_str(), predicted.c_str(), error.c_str(), source.c_str());
+                    op.c_str(), size_text(f.bytes).c_str(), published.c_str(), predicted.c_str(),
+                    error.c_str(), source.c_str());
       }
     }
   }
@@ -243,7 +253,13 @@ std::function<int()> add_model_command(CLI::App& app) {
       ->capture_default_str();
   predict_cmd->add_option("--max-bytes", flags->max_bytes, "Largest message (sizes double)")
       ->capture_default_str();
-  predict_cmd->add_option("--ranks", flags->ranks, "Ranks (default: the platform's GPUs)");
+  predict_cmd->add_option("--ranks", flags->ranks,
+                          "Ranks (default: the platform's GPUs on each node)");
+  predict_cmd
+      ->add_option("--nodes", flags->nodes,
+                   "Nodes the ranks are spread over, evenly (default 1; more than one times "
+                   "the group on the platform's network)")
+      ->check(CLI::PositiveNumber);
   CLI::App* validate_cmd =
       cmd->add_subcommand("validate", "The model against each platform's published figures");
   validate_cmd->add_option("platforms", flags->validate_platforms, "Platforms (default: all)");

@@ -176,13 +176,17 @@ namespace {
 class RecordingBackend final : public InterposingBackend {
  public:
   RecordingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveRing* ring,
-                   std::uint32_t group, int group_size, bool poll)
+                   std::uint32_t group, model::Span span, bool poll)
       : InterposingBackend(std::move(inner)),
         ring_(ring),
         group_(group),
-        group_size_(group_size),
+        span_(span),
         poll_(poll),
-        platform_(rank_platform()) {}
+        platform_(rank_platform()) {
+    // A group across nodes on a platform that models one node is refused here, where the
+    // program forms it, rather than timed as if on NVLink (NOTE [The network between nodes]).
+    if (platform_ != nullptr) model::require_network(*platform_, span_);
+  }
 
  protected:
   c10::intrusive_ptr<c10d::Work> around(const OpCall& call, Run run) override {
@@ -200,8 +204,8 @@ class RecordingBackend final : public InterposingBackend {
     entry.message_bytes = std::max(call.bytes, call.bytes_out);
     if (platform_ != nullptr) {
       if (const auto c = model::collective_of(contract::op_name(call.op))) {
-        entry.predicted_ns = static_cast<std::int64_t>(std::llround(
-            model::predict(*platform_, *c, entry.message_bytes, group_size_).seconds * 1e9));
+        entry.predicted_ns = static_cast<std::int64_t>(
+            std::llround(model::predict(*platform_, *c, entry.message_bytes, span_).seconds * 1e9));
       }
     }
     entry.entered_ns = now_ns();
@@ -257,7 +261,7 @@ class RecordingBackend final : public InterposingBackend {
 
   CollectiveRing* ring_;
   std::uint32_t group_;
-  int group_size_;
+  model::Span span_;
   bool poll_;
   const model::Platform* platform_;
   // Counted by the thread that calls the group, as c10d's sequence numbers are.
@@ -315,7 +319,15 @@ c10::intrusive_ptr<c10d::Backend> record_collectives(c10::intrusive_ptr<c10d::Ba
                                                      Completion completion) {
   if (ring == nullptr) return transport;
   const std::uint32_t index = ring->add_group(group);
-  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index, group.size,
+  // The launch's nodes are LOCAL_WORLD_SIZE ranks each; a program started without one is on
+  // one node.
+  const int per_node = contract::env_string(contract::kLocalWorldSizeVar).empty()
+                           ? 0
+                           : contract::read_rank_environment().local_world_size;
+  model::Span span{group.size, 1, group.size};
+  if (static_cast<int>(group.members.size()) == group.size)
+    span = model::span_of(group.members, per_node);
+  return c10::make_intrusive<RecordingBackend>(std::move(transport), ring, index, span,
                                                completion == Completion::kPolled);
 }
 

@@ -58,6 +58,63 @@ int ring_steps(Collective c, int ranks) {
   }
 }
 
+constexpr std::pair<Steps, std::string_view> kSteps[] = {{Steps::kRing, "ring"},
+                                                         {Steps::kOne, "one"},
+                                                         {Steps::kTree, "tree"},
+                                                         {Steps::kOneTree, "one_tree"}};
+
+int floor_log2(int n) {
+  int log = 0;
+  while (n > 1) {
+    n /= 2;
+    ++log;
+  }
+  return log;
+}
+
+// An algorithm's latency on `span` (NOTE [The collective model], NOTE [The network between
+// nodes]), in microseconds.
+double latency_us(const Algorithm& a, Collective c, const Span& span) {
+  const int nodes = std::max(span.nodes, 1);
+  const bool across = nodes > 1;
+  switch (a.steps) {
+    case Steps::kOne:
+      return a.base_latency_us + a.hop_latency_us + (across ? a.net_latency_us : 0);
+    case Steps::kTree:
+      return a.base_latency_us + 2 * ((span.ranks / nodes - 1) * a.hop_latency_us +
+                                      floor_log2(nodes) * a.net_latency_us);
+    case Steps::kOneTree:
+      return a.base_latency_us + a.hop_latency_us + 2 * floor_log2(nodes) * a.net_latency_us;
+    case Steps::kRing:
+      break;
+  }
+  const int steps = ring_steps(c, span.ranks);
+  const int net = !across ? 0 : std::min(steps, ring_steps(c, nodes));
+  return a.base_latency_us + (steps - net) * a.hop_latency_us + net * a.net_latency_us;
+}
+
+// The fastest of `algorithms` on `span`, each algorithm's bus bandwidth held to what the
+// NICs carry, `net_gbps` (0: not held; a NVLS tree on two nodes is held to twice it).
+Prediction fastest(const std::vector<Algorithm>& algorithms, Collective c, double size,
+                   const Span& span, double net_gbps) {
+  Prediction best;
+  best.seconds = std::numeric_limits<double>::infinity();
+  for (const Algorithm& a : algorithms) {
+    double busbw = a.bus_bandwidth_gbps * efficiency(a.efficiency, std::max(size, 1.0));
+    if (net_gbps > 0)
+      busbw = std::min(busbw, net_gbps * (a.steps == Steps::kOneTree && span.nodes <= 2 ? 2 : 1));
+    const double algbw = busbw * 1e9 / bus_factor(c, span.ranks);
+    const double seconds = latency_us(a, c, span) * 1e-6 + size / algbw;
+    if (seconds < best.seconds) {
+      best.seconds = seconds;
+      best.algorithm = a.name;
+    }
+  }
+  if (size > 0 && best.seconds > 0)
+    best.busbw_gbps = size / best.seconds / 1e9 * bus_factor(c, span.ranks);
+  return best;
+}
+
 double number(const json& j, const char* key, const std::string& where, const std::string& origin,
               bool required = true) {
   if (!j.contains(key)) {
@@ -90,6 +147,22 @@ std::vector<std::pair<double, double>> parse_curve(const json& j, const std::str
   return curve;
 }
 
+// `j`'s "efficiency", when it has one: a curve's name in `curves`, or the curve itself.
+void parse_efficiency(const json& j,
+                      const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
+                      const std::string& at, const std::string& origin, std::string& name,
+                      std::vector<std::pair<double, double>>& points) {
+  if (!j.contains("efficiency")) return;
+  if (j["efficiency"].is_string()) {
+    name = j["efficiency"].get<std::string>();
+    const auto it = curves.find(name);
+    if (it == curves.end()) bad(origin, at + ": no curve \"" + name + "\" in \"curves\"");
+    points = it->second;
+  } else {
+    points = parse_curve(j["efficiency"], at + ": \"efficiency\"", origin);
+  }
+}
+
 Algorithm parse_algorithm(
     const json& j, const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
     const std::string& where, const std::string& origin) {
@@ -100,23 +173,17 @@ Algorithm parse_algorithm(
   const std::string at = where + " (" + a.name + ")";
   a.base_latency_us = number(j, "base_latency_us", at, origin);
   a.hop_latency_us = number(j, "hop_latency_us", at, origin, false);
+  a.net_latency_us = number(j, "net_latency_us", at, origin, false);
   a.bus_bandwidth_gbps = number(j, "bus_bandwidth_gbps", at, origin);
   if (!(a.bus_bandwidth_gbps >= 1e-9))
     bad(origin, at + ": \"bus_bandwidth_gbps\" must be at least 1e-9");
   const std::string steps = j.value("steps", "ring");
-  if (steps != "ring" && steps != "one")
-    bad(origin, at + ": \"steps\" is \"" + steps + "\", not \"ring\" or \"one\"");
-  a.one_hop = steps == "one";
-  if (j.contains("efficiency")) {
-    if (j["efficiency"].is_string()) {
-      a.curve = j["efficiency"].get<std::string>();
-      const auto it = curves.find(a.curve);
-      if (it == curves.end()) bad(origin, at + ": no curve \"" + a.curve + "\" in \"curves\"");
-      a.efficiency = it->second;
-    } else {
-      a.efficiency = parse_curve(j["efficiency"], at + ": \"efficiency\"", origin);
-    }
-  }
+  const auto* kind = std::find_if(std::begin(kSteps), std::end(kSteps),
+                                  [&](const auto& entry) { return entry.second == steps; });
+  if (kind == std::end(kSteps))
+    bad(origin, at + ": \"steps\" is \"" + steps + "\", not ring, one, tree or one_tree");
+  a.steps = kind->first;
+  parse_efficiency(j, curves, at, origin, a.curve, a.efficiency);
   return a;
 }
 
@@ -130,10 +197,60 @@ std::vector<Algorithm> parse_algorithms(
   return out;
 }
 
+using Curves = std::map<std::string, std::vector<std::pair<double, double>>>;
+using OpAlgorithms = std::vector<std::pair<Collective, std::vector<Algorithm>>>;
+
+// `j`, an "ops" object (at `where`), into `ops` and `defaults`.
+void parse_ops(const json& j, const Curves& curves, const std::string& where,
+               const std::string& origin, OpAlgorithms& ops, std::vector<Algorithm>& defaults) {
+  if (!j.is_object()) bad(origin, "no \"" + where + "\" object");
+  std::set<Collective> listed;
+  for (const auto& [op, list] : j.items()) {
+    if (op == "default") {
+      defaults = parse_algorithms(list, curves, where + ".default", origin);
+      continue;
+    }
+    const auto c = parse_collective(op);
+    if (!c)
+      bad(origin, "\"" + where + "\" names \"" + op +
+                      "\": not all_reduce, all_gather, reduce_scatter, "
+                      "broadcast, reduce, all_to_all, send_recv or default");
+    listed.insert(*c);
+    ops.emplace_back(*c, parse_algorithms(list, curves, where + "." + op, origin));
+  }
+  if (defaults.empty() && listed.size() < std::size(kNames))
+    bad(origin, "\"" + where + "\" lists neither every collective nor a \"default\"");
+}
+
+Network parse_network(const json& j, const Curves& curves, const std::string& origin) {
+  if (!j.is_object()) bad(origin, "\"network\" is not an object");
+  Network n;
+  n.description = j.value("description", "");
+  n.nics_per_node = static_cast<int>(number(j, "nics_per_node", "network", origin));
+  n.nic_bandwidth_gbps = number(j, "nic_bandwidth_gbps", "network", origin);
+  if (n.nics_per_node < 1 || !(n.nic_bandwidth_gbps >= 1e-9))
+    bad(origin, "network: \"nics_per_node\" and \"nic_bandwidth_gbps\" must be above 0");
+  if (!j.contains("ops")) bad(origin, "\"network\" has no \"ops\" object");
+  parse_ops(j["ops"], curves, "network.ops", origin, n.ops, n.default_algorithms);
+  parse_efficiency(j, curves, "network", origin, n.curve, n.efficiency);
+  for (const json& s : j.value("sources", json::array())) n.sources.push_back(s.get<std::string>());
+  return n;
+}
+
 json curve_json(const std::vector<std::pair<double, double>>& curve) {
   json out = json::array();
   for (const auto& [bytes, fraction] : curve) out.push_back({bytes, fraction});
   return out;
+}
+
+void efficiency_json(json& j, const std::string& name,
+                     const std::vector<std::pair<double, double>>& points,
+                     const std::map<std::string, std::vector<std::pair<double, double>>>& curves) {
+  if (!name.empty() && curves.contains(name)) {
+    j["efficiency"] = name;
+  } else if (!points.empty()) {
+    j["efficiency"] = curve_json(points);
+  }
 }
 
 json algorithm_json(const Algorithm& a,
@@ -141,14 +258,25 @@ json algorithm_json(const Algorithm& a,
   json j = {{"name", a.name},
             {"base_latency_us", a.base_latency_us},
             {"hop_latency_us", a.hop_latency_us},
-            {"steps", a.one_hop ? "one" : "ring"},
+            {"steps", steps_name(a.steps)},
             {"bus_bandwidth_gbps", a.bus_bandwidth_gbps}};
-  if (!a.curve.empty() && curves.contains(a.curve)) {
-    j["efficiency"] = a.curve;
-  } else if (!a.efficiency.empty()) {
-    j["efficiency"] = curve_json(a.efficiency);
-  }
+  if (a.net_latency_us > 0) j["net_latency_us"] = a.net_latency_us;
+  efficiency_json(j, a.curve, a.efficiency, curves);
   return j;
+}
+
+json ops_json(const OpAlgorithms& ops, const std::vector<Algorithm>& defaults,
+              const Curves& curves) {
+  json out = json::object();
+  for (const auto& [op, list] : ops) {
+    json& entry = out[std::string(collective_name(op))] = json::array();
+    for (const Algorithm& a : list) entry.push_back(algorithm_json(a, curves));
+  }
+  if (!defaults.empty()) {
+    json& entry = out["default"] = json::array();
+    for (const Algorithm& a : defaults) entry.push_back(algorithm_json(a, curves));
+  }
+  return out;
 }
 
 // A fraction in (0, 1], or `fallback` when absent.
@@ -360,28 +488,52 @@ const std::vector<Algorithm>& Platform::algorithms(Collective c) const {
   return default_algorithms;
 }
 
+const std::vector<Algorithm>& Network::algorithms(Collective c) const {
+  for (const auto& [op, list] : ops)
+    if (op == c) return list;
+  return default_algorithms;
+}
+
+std::string_view steps_name(Steps s) {
+  for (const auto& [value, name] : kSteps)
+    if (value == s) return name;
+  return "?";
+}
+
+Span span_of(const std::vector<int>& members, int ranks_per_node) {
+  const int ranks = static_cast<int>(members.size());
+  if (ranks_per_node <= 0 || ranks == 0) return {ranks, 1, ranks};
+  std::map<int, int> on_node;
+  for (int rank : members) ++on_node[rank / ranks_per_node];
+  int fewest = ranks;
+  for (const auto& [node, count] : on_node) fewest = std::min(fewest, count);
+  return {ranks, static_cast<int>(on_node.size()), fewest};
+}
+
+void require_network(const Platform& platform, const Span& span) {
+  if (span.nodes <= 1 || !platform.network.empty()) return;
+  throw ConfigError("the platform " + platform.name + " models one node, and a group of " +
+                    std::to_string(span.ranks) + " ranks spans " + std::to_string(span.nodes) +
+                    " nodes: give its file a \"network\" object (docs/communication.md, "
+                    "\"Between nodes\") or choose a platform that has one");
+}
+
 Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, int ranks) {
-  Prediction best;
-  if (ranks <= 1 || (bytes <= 0 && c == Collective::kSendRecv)) {
-    best.algorithm = "none";
-    return best;
-  }
+  return predict(platform, c, bytes, Span{ranks, 1, ranks});
+}
+
+Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, const Span& span) {
+  Prediction none;
+  none.algorithm = "none";
+  if (span.ranks <= 1 || (bytes <= 0 && c == Collective::kSendRecv)) return none;
   const double size = static_cast<double>(std::max<std::int64_t>(bytes, 0));
-  best.seconds = std::numeric_limits<double>::infinity();
-  for (const Algorithm& a : platform.algorithms(c)) {
-    const int steps = a.one_hop ? 1 : ring_steps(c, ranks);
-    const double latency = (a.base_latency_us + steps * a.hop_latency_us) * 1e-6;
-    const double algbw = a.bus_bandwidth_gbps * 1e9 *
-                         efficiency(a.efficiency, std::max(size, 1.0)) / bus_factor(c, ranks);
-    const double seconds = latency + size / algbw;
-    if (seconds < best.seconds) {
-      best.seconds = seconds;
-      best.algorithm = a.name;
-    }
-  }
-  if (size > 0 && best.seconds > 0)
-    best.busbw_gbps = size / best.seconds / 1e9 * bus_factor(c, ranks);
-  return best;
+  if (span.nodes <= 1) return fastest(platform.algorithms(c), c, size, span, 0);
+  require_network(platform, span);
+  const Network& net = platform.network;
+  const int per_node = span.per_node > 0 ? span.per_node : std::max(span.ranks / span.nodes, 1);
+  const double nic_gbps = std::min(per_node, net.nics_per_node) * net.nic_bandwidth_gbps *
+                          efficiency(net.efficiency, std::max(size, 1.0));
+  return fastest(net.algorithms(c), c, size, span, nic_gbps);
 }
 
 Platform parse_platform(std::string_view text, const std::string& origin) {
@@ -408,23 +560,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
     if (!listed_curves.is_object()) bad(origin, "\"curves\" is not an object of named curves");
     for (const auto& [name, points] : listed_curves.items())
       curves[name] = parse_curve(points, "curve \"" + name + "\"", origin);
-    if (!j.contains("ops") || !j["ops"].is_object()) bad(origin, "no \"ops\" object");
-    std::set<Collective> listed;
-    for (const auto& [op, list] : j["ops"].items()) {
-      if (op == "default") {
-        p.default_algorithms = parse_algorithms(list, curves, "ops.default", origin);
-        continue;
-      }
-      const auto c = parse_collective(op);
-      if (!c)
-        bad(origin, "\"ops\" names \"" + op +
-                        "\": not all_reduce, all_gather, reduce_scatter, "
-                        "broadcast, reduce, all_to_all, send_recv or default");
-      listed.insert(*c);
-      p.ops.emplace_back(*c, parse_algorithms(list, curves, "ops." + op, origin));
-    }
-    if (p.default_algorithms.empty() && listed.size() < std::size(kNames))
-      bad(origin, "\"ops\" lists neither every collective nor a \"default\"");
+    parse_ops(j.value("ops", json()), curves, "ops", origin, p.ops, p.default_algorithms);
     const json published = j.value("published", json::array());
     for (const json& f : published) {
       Published pub;
@@ -449,9 +585,18 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
       pub.source = f.value("source", "");
       pub.note = f.value("note", "");
       pub.calibrated = f.value("calibrated", false);
+      pub.ranks = f.value("ranks", 0);
+      pub.nodes = f.value("nodes", 1);
+      if (pub.ranks < 0 || pub.nodes < 1 || (pub.ranks > 0 && pub.ranks < pub.nodes))
+        bad(origin, "a published figure's \"ranks\" and \"nodes\" are not a group: " + f.dump());
       p.published.push_back(std::move(pub));
     }
     if (j.contains("compute")) p.compute = parse_roofline(j["compute"], origin);
+    if (j.contains("network")) p.network = parse_network(j["network"], curves, origin);
+    for (const Published& f : p.published)
+      if (f.nodes > 1 && p.network.empty())
+        bad(origin, "a published figure is on " + std::to_string(f.nodes) +
+                        " nodes, but the file has no \"network\" to time it on");
   } catch (const json::exception& e) {
     bad(origin, std::string("a field has the wrong type: ") + e.what());
   }
@@ -466,6 +611,9 @@ std::string platform_json(const Platform& p) {
   };
   collect(p.default_algorithms);
   for (const auto& [op, list] : p.ops) collect(list);
+  collect(p.network.default_algorithms);
+  for (const auto& [op, list] : p.network.ops) collect(list);
+  if (!p.network.curve.empty()) curves[p.network.curve] = p.network.efficiency;
   json j = {{"name", p.name},
             {"description", p.description},
             {"gpus", p.gpus},
@@ -474,16 +622,7 @@ std::string platform_json(const Platform& p) {
   json c = json::object();
   for (const auto& [name, curve] : curves) c[name] = curve_json(curve);
   j["curves"] = c;
-  json ops = json::object();
-  for (const auto& [op, list] : p.ops) {
-    json& entry = ops[std::string(collective_name(op))] = json::array();
-    for (const Algorithm& a : list) entry.push_back(algorithm_json(a, curves));
-  }
-  if (!p.default_algorithms.empty()) {
-    json& entry = ops["default"] = json::array();
-    for (const Algorithm& a : p.default_algorithms) entry.push_back(algorithm_json(a, curves));
-  }
-  j["ops"] = ops;
+  j["ops"] = ops_json(p.ops, p.default_algorithms, curves);
   json published = json::array();
   for (const Published& f : p.published) {
     json row = {{"op", collective_name(f.op)}, {"bytes", f.bytes}, {"source", f.source}};
@@ -494,10 +633,20 @@ std::string platform_json(const Platform& p) {
     }
     if (!f.note.empty()) row["note"] = f.note;
     if (f.calibrated) row["calibrated"] = true;
+    if (f.ranks > 0) row["ranks"] = f.ranks;
+    if (f.nodes > 1) row["nodes"] = f.nodes;
     published.push_back(row);
   }
   j["published"] = published;
   if (!p.compute.empty()) j["compute"] = roofline_json(p.compute);
+  if (!p.network.empty()) {
+    j["network"] = {{"description", p.network.description},
+                    {"nics_per_node", p.network.nics_per_node},
+                    {"nic_bandwidth_gbps", p.network.nic_bandwidth_gbps},
+                    {"ops", ops_json(p.network.ops, p.network.default_algorithms, curves)},
+                    {"sources", p.network.sources}};
+    efficiency_json(j["network"], p.network.curve, p.network.efficiency, curves);
+  }
   return j.dump(2) + "\n";
 }
 
@@ -562,11 +711,12 @@ std::optional<std::string> default_platform_for(std::string_view gpu_type) {
 
 std::vector<Check> validate(const Platform& platform) {
   std::vector<Check> rows;
-  const int ranks = platform.gpus > 0 ? platform.gpus : 8;
+  const int node = platform.gpus > 0 ? platform.gpus : 8;
   for (const Published& f : platform.published) {
     Check row;
     row.published = f;
-    row.predicted = predict(platform, f.op, f.bytes, ranks);
+    const int ranks = f.ranks > 0 ? f.ranks : node * f.nodes;
+    row.predicted = predict(platform, f.op, f.bytes, Span{ranks, f.nodes, ranks / f.nodes});
     const double predicted_us = row.predicted.seconds * 1e6;
     if (f.busbw_gbps > 0) {
       row.published_us =
@@ -633,7 +783,7 @@ Platform fit_platform(const Platform& base, const std::vector<Measurement>& meas
     Algorithm fitted;
     fitted.name = "fitted";
     fitted.base_latency_us = latency * 1e6;
-    fitted.one_hop = true;
+    fitted.steps = Steps::kOne;
     fitted.bus_bandwidth_gbps = peak;
     // Held within what a platform file may say (a fraction of 1e-9 is a size a billion
     // times slower than the fastest).

@@ -31,6 +31,35 @@
 //   sources       where the constants come from
 //   compute       the GPU's roofline (NOTE [The compute model]); a file without it
 //                 predicts collectives only
+//   network       the links between nodes (NOTE [The network between nodes]); a file
+//                 without it models one node
+//
+// NOTE [The network between nodes]
+// A group whose ranks sit on several nodes is timed as NCCL times it (src/graph/tuning.cc):
+// with the network's own algorithms (the file's "network.ops"), whose latency counts the
+// steps that cross a node's edge at the network's latency and the rest at NVLink's, and
+// whose bandwidth is what the group's NICs carry. For n ranks on N nodes, at least p of
+// them on every node (p = n/N for an even spread):
+//   ring      latency = base + (s − s_net) · hop + s_net · net
+//             (s as a ring on one node; s_net: 2(N−1) for all-reduce, N−1 for the other
+//              ring collectives, 1 for a transfer)
+//   tree      latency = base + 2 · ((n/N − 1) · hop + log2(N) · net)   (all-reduce)
+//   one       latency = base + hop + net                   (NVLS with the network's help)
+//   one_tree  latency = base + hop + 2 · log2(N) · net     (NVLS inside, a tree between)
+//   busbw     = min(the algorithm's bus bandwidth · its efficiency(bytes),
+//                   min(p, NICs a node) · NIC bandwidth · the network's efficiency(bytes))
+// Each rank has a NIC of its own on a rail-optimised fabric, so a group crosses the network
+// through as many NICs as it has ranks on a node: an HSDP replica group of one rank a node
+// has one NIC, a world of 8 a node has all 8. NCCL's NVLS tree is held to twice that on
+// two nodes (tuning.cc's two-node case: a tree on two nodes goes beyond the NICs, as
+// NCCL's maintainers say in nccl-tests#196). A group inside one node is timed by "ops"
+// (NOTE [The collective model]). The "network" object:
+//   {description, nics_per_node, nic_bandwidth_gbps (one NIC, one way, GB/s, as NCCL
+//    reaches it), efficiency (a curve, by name or itself: the share of the NICs a message
+//    of that size reaches), ops (as "ops", each algorithm with "net_latency_us" and steps
+//    "ring", "tree", "one" or "one_tree"), sources}
+// A platform without one refuses a group that spans nodes (ConfigError), rather than time
+// it on NVLink.
 //
 // NOTE [The compute model]
 // What an operator would take on one GPU of the platform, for a step run in shape-only
@@ -87,11 +116,22 @@ std::int64_t parse_message_size(std::string_view text);
 // nccl-tests' bus factor: busbw = algbw · bus_factor.
 double bus_factor(Collective c, int ranks);
 
+// How an algorithm's latency grows with its ranks (NOTE [The collective model], NOTE [The
+// network between nodes]).
+enum class Steps {
+  kRing,    // a step per hop of the ring
+  kOne,     // one hop, whatever n (NVLS)
+  kTree,    // a tree: its depth inside a node and across nodes
+  kOneTree  // NVLS inside each node, a tree between them
+};
+std::string_view steps_name(Steps s);  // "ring", "one", "tree", "one_tree"
+
 struct Algorithm {
   std::string name;  // "ring/Simple", "nvls/Simple", ...
   double base_latency_us = 0;
-  double hop_latency_us = 0;
-  bool one_hop = false;  // steps "one": latency = base + one hop, whatever n
+  double hop_latency_us = 0;  // a hop inside a node
+  double net_latency_us = 0;  // a hop between nodes (the network's algorithms)
+  Steps steps = Steps::kRing;
   double bus_bandwidth_gbps = 0;
   std::vector<std::pair<double, double>> efficiency;  // (bytes, fraction); empty: 1.0
   std::string curve;                                  // the curve's name, "" for none
@@ -106,6 +146,8 @@ struct Published {
   std::string source;
   std::string note;
   bool calibrated = false;  // the constants were set from it
+  int ranks = 0;            // the ranks measured; 0: the platform's GPUs
+  int nodes = 1;            // the nodes they were on
 };
 
 // A GPU's roofline (NOTE [The compute model]).
@@ -127,6 +169,23 @@ struct Roofline {
 double roofline_seconds(const Roofline& roofline, double flops, double bytes,
                         std::string_view dtype);
 
+// The links between a platform's nodes (NOTE [The network between nodes]).
+struct Network {
+  std::string description;
+  int nics_per_node = 0;          // 0: the platform models one node
+  double nic_bandwidth_gbps = 0;  // one NIC, one way, GB/s
+  std::vector<std::pair<Collective, std::vector<Algorithm>>> ops;
+  std::vector<Algorithm> default_algorithms;
+  // The fraction of the NICs' bandwidth a message of that size reaches (as an algorithm's
+  // curve; empty: 1.0), and the curve's name.
+  std::vector<std::pair<double, double>> efficiency;
+  std::string curve;
+  std::vector<std::string> sources;
+
+  bool empty() const { return nics_per_node <= 0; }
+  const std::vector<Algorithm>& algorithms(Collective c) const;
+};
+
 struct Platform {
   std::string name;
   std::string description;
@@ -137,6 +196,7 @@ struct Platform {
   std::vector<Published> published;
   std::vector<std::string> sources;
   Roofline compute;    // empty when the file has no "compute"
+  Network network;     // empty when the file has no "network"
   std::string origin;  // the file it came from
 
   const std::vector<Algorithm>& algorithms(Collective c) const;
@@ -148,10 +208,26 @@ struct Prediction {
   std::string algorithm;  // the fastest: "nvls/Simple"
 };
 
+// Where a group's ranks are: how many, on how many nodes, and the fewest of them on any
+// one of those nodes.
+struct Span {
+  int ranks = 0;
+  int nodes = 1;
+  int per_node = 0;  // 0: ranks / nodes
+};
+// The span of a group whose global ranks are `members`, on nodes of `ranks_per_node` ranks
+// each (a launch's LOCAL_WORLD_SIZE; 0 or less: one node).
+Span span_of(const std::vector<int>& members, int ranks_per_node);
+
 // The fastest algorithm's time for a message of `bytes` (nccl-tests' message size) on
-// `ranks` ranks; zero seconds on one rank (NCCL copies locally) or for an empty message
-// of a transfer.
+// `ranks` ranks of one node; zero seconds on one rank (NCCL copies locally) or for an
+// empty message of a transfer.
 Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, int ranks);
+// The same for a group spread over nodes (NOTE [The network between nodes]). Throws
+// ConfigError when the group spans nodes and the platform has no network.
+Prediction predict(const Platform& platform, Collective c, std::int64_t bytes, const Span& span);
+// Throws that ConfigError, where a program forms such a group.
+void require_network(const Platform& platform, const Span& span);
 
 // Throws ConfigError naming `origin` and what is wrong in it.
 Platform parse_platform(std::string_view json, const std::string& origin);

@@ -53,6 +53,7 @@ TEST(Validation, PublishedHopperFiguresAreMet) {
     const auto rows = validate(load_platform(name));
     ASSERT_FALSE(rows.empty()) << name;
     for (const Check& row : rows) {
+      if (row.published.nodes > 1) continue;  // network_test holds the rows across nodes
       const std::string what = std::string(name) + " " +
                                std::string(collective_name(row.published.op)) + " of " +
                                std::to_string(row.published.bytes) + " B (" + row.published.source +

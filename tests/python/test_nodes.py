@@ -121,6 +121,45 @@ def test_the_same_launch_from_torchruns_pet_variables(tmp_path):
     assert seen == ["0 0", "1 0", "2 1", "3 1"], results
 
 
+def predicted_all_reduces(text: str) -> float:
+    """The seconds the collectives line predicts for the all-reduces."""
+    found = re.search(r"all_reduce \d+ calls, [^(]*\(([0-9.]+) s on h100-nvswitch\)", text)
+    assert found, text
+    return float(found.group(1))
+
+
+def test_a_group_across_two_nodes_is_timed_on_the_network_between_them(tmp_path):
+    # NOTE [The network between nodes]: 4 ranks, 2 on each of 2 nodes, all-reduce 64 MiB
+    # three times. Each node's line predicts what `sgpu model predict --nodes 2` says: the
+    # NVLS tree over 2 NICs a node, not NVLink.
+    program = script(tmp_path, """
+        import os, torch, torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        t = torch.ones(16 << 20, device="cuda")
+        for _ in range(3):
+            dist.all_reduce(t)
+        print("done", dist.get_rank(), flush=True)
+        dist.destroy_process_group()
+        """)
+    shapes = {"SGPU_SIM_COMPUTE": "shapes"}
+    results = Launch(tmp_path, program, nnodes=2, flags=("--gpu-type", "H100"), env=shapes).finish()
+    assert [code for code, _, _ in results] == [0, 0], results
+    model = subprocess.run([SGPU, "model", "predict", "h100-nvswitch", "--ops", "all_reduce",
+                            "--min-bytes", "64M", "--max-bytes", "64M", "--ranks", "4",
+                            "--nodes", "2"], capture_output=True, text=True, check=True).stdout
+    row = next(line.split() for line in model.splitlines() if line.strip().startswith("all_reduce"))
+    assert row[-1] == "nvls_tree/Simple", model
+    for _, _, err in results:
+        assert predicted_all_reduces(err) == pytest.approx(3 * float(row[2]) / 1e6, rel=1e-3), err
+    # The same 4 ranks on one node: NVLink's NVLS, over three times faster.
+    one = subprocess.run([SGPU, "run", "--backend", "sim", "--gpus", "4", "--gpu-type", "H100",
+                          "--", *program], capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, SGPU_TRACKING="off", **shapes))
+    assert one.returncode == 0, one.stderr
+    assert predicted_all_reduces(one.stderr) * 3 < predicted_all_reduces(results[0][2]), one.stderr
+
+
 SLEEPER = """
     import os, sys, time
     rank = int(os.environ["RANK"])
