@@ -94,7 +94,8 @@ ROWS = [
         not_modelled="torch.compile, float8 (torchao)"),
     Row("torchtitan-8b-fsdp-128", f"{TORCHTITAN}, Table 3",
         "Llama 3.1 8B, FSDP, 128 H100s (16 nodes), batch 2 x 8192, selective AC", 5605, 67.0,
-        not_modelled="16 nodes: the network between nodes"),
+        not_modelled="128 ranks: more processes than one machine holds until ranks that "
+                     "run alike fold into one (the network between nodes is modelled)"),
     mpt_row(LLM_FOUNDRY, "H100", "760m", 24, 2048, 63147, accumulate=2),
     mpt_row(LLM_FOUNDRY, "H100", "1b", 14, 2048, 45455),
     mpt_row(LLM_FOUNDRY, "H100", "7b", 6, 2048, 10643),
