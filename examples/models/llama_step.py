@@ -57,6 +57,17 @@ def step_seconds(step, breakdown: bool = False) -> tuple[float, str]:
     return step_end(after) - step_end(before), f"predicted on {after['platform']}"
 
 
+def mfu(model, config, seq: int, tokens_per_s: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation as torchtitan counts it: 6 FLOPs per parameter (the
+    embeddings' aside) and 12 * layers * dim * sequence for attention, per token, over the
+    peak. Recomputation is not counted: it is the model's work, not the GPU's."""
+    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
+                     for p in m.parameters(recurse=False))
+    parameters = sum(p.numel() for p in model.parameters()) - embeddings
+    per_token = 6 * parameters + 12 * config.n_layers * config.dim * min(seq, config.max_seq_len)
+    return tokens_per_s * per_token / (peak_tflops * 1e12)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="8B", choices=sorted(CONFIGS))
@@ -76,6 +87,9 @@ def main() -> None:
                         help="steps to run; the last one's time is printed (from the second "
                         "on, the optimizer's state is held through forward and backward, as "
                         "in a long run)")
+    parser.add_argument("--peak-tflops", type=float, default=989.4,
+                        help="the dense bf16 peak MFU is a share of (default: the H100 SXM's, "
+                        "as torchtitan reports MFU for its H100s)")
     parser.add_argument("--breakdown", action="store_true",
                         help="in shape-only compute, the operators that take most of the "
                         "last step's predicted time")
@@ -100,7 +114,8 @@ def main() -> None:
         print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
               f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0; step {args.steps} "
-              f"{seconds:.4g} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU")
+              f"{seconds:.4g} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU; MFU "
+              f"{mfu(model, config, args.seq, tokens / seconds, args.peak_tflops):.0%}")
     dist.destroy_process_group()
 
 

@@ -29,6 +29,20 @@ def test_production_shapes_build_on_the_meta_device_with_their_published_sizes(s
     assert all(p.device.type == "meta" for p in model.parameters())
 
 
+def test_mfu_counts_as_torchtitan_does_on_its_published_8b_run():
+    # torchtitan's 8B FSDP run on 8 H100s: 5,762 tokens/s per GPU, which its benchmark
+    # page gives as 33% MFU (of 989 TFLOPS): 6 * 7.50e9 non-embedding parameters and
+    # 12 * 32 * 4096 * 8192 for attention, 57.9 GFLOP a token.
+    import llama_step
+    config = llama.CONFIGS["8B"]
+    with torch.device("meta"):
+        model = llama.Transformer(config)
+    got = llama_step.mfu(model, config, 8192, 5762, 989.4)
+    assert got == pytest.approx(0.3373, abs=5e-4)
+    # A sequence longer than the model's window counts the window's attention only.
+    assert llama_step.mfu(model, config, 16384, 5762, 989.4) == got
+
+
 def batches(steps: int, config):
     """One batch, `steps` times: the loss must fall as the model learns it."""
     generator = torch.Generator().manual_seed(7)
