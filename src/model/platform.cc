@@ -129,6 +129,22 @@ double number(const json& j, const char* key, const std::string& where, const st
   return v;
 }
 
+// `j`'s whole number `key` from `low` to `high`, or `fallback` when absent. A number written
+// with a fraction, or too large for its type, is refused rather than converted.
+std::int64_t whole(const json& j, const char* key, std::int64_t fallback, std::int64_t low,
+                   std::int64_t high, const std::string& where, const std::string& origin) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j[key];
+  const bool fits =
+      v.is_number_integer() &&
+      (!v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(high));
+  const std::int64_t value = fits ? v.get<std::int64_t>() : low - 1;
+  if (value < low || value > high)
+    bad(origin, where + ": \"" + key + "\" is " + v.dump() + ", not a whole number from " +
+                    std::to_string(low) + " to " + std::to_string(high));
+  return value;
+}
+
 std::vector<std::pair<double, double>> parse_curve(const json& j, const std::string& where,
                                                    const std::string& origin) {
   if (!j.is_array() || j.empty()) bad(origin, where + " is not a list of [bytes, fraction] points");
@@ -295,9 +311,10 @@ KernelCosts parse_kernels(const json& j, const std::string& origin) {
   k.sms = static_cast<int>(number(j, "sms", "compute.kernels", origin));
   if (k.sms <= 0) bad(origin, "compute.kernels: \"sms\" is not above 0");
   for (const json& tile : j.value("matmul_tiles", json::array())) {
-    if (!tile.is_array() || tile.size() != 3 || !tile[0].is_number() || !tile[1].is_number() ||
-        !tile[2].is_number() || tile[0].get<double>() < 1 || tile[1].get<double>() < 1 ||
-        tile[2].get<double>() <= 0 || tile[2].get<double>() > 1)
+    if (!tile.is_array() || tile.size() != 3 || !tile[0].is_number_integer() ||
+        !tile[1].is_number_integer() || !tile[2].is_number() || tile[0].get<double>() < 1 ||
+        tile[1].get<double>() < 1 || tile[0].get<double>() > 65536 ||
+        tile[1].get<double>() > 65536 || tile[2].get<double>() <= 0 || tile[2].get<double>() > 1)
       bad(origin, "compute.kernels.matmul_tiles: " + tile.dump() +
                       " is not [rows, cols, fraction of the peak in (0, 1]]");
     k.matmul_tiles.push_back({tile[0].get<int>(), tile[1].get<int>(), tile[2].get<double>()});
@@ -550,7 +567,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
     p.name = j.value("name", "");
     if (p.name.empty()) bad(origin, "no \"name\"");
     p.description = j.value("description", "");
-    p.gpus = j.value("gpus", 0);
+    p.gpus = static_cast<int>(whole(j, "gpus", 0, 0, 1 << 16, "the node", origin));
     const json default_for = j.value("default_for", json::array());
     for (const json& t : default_for) p.default_for.push_back(upper(t.get<std::string>()));
     const json sources = j.value("sources", json::array());
@@ -567,7 +584,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
       const auto c = parse_collective(f.value("op", ""));
       if (!c) bad(origin, "a published figure names no known op: " + f.dump());
       pub.op = *c;
-      pub.bytes = f.value("bytes", std::int64_t{0});
+      pub.bytes = whole(f, "bytes", 0, 0, std::int64_t{1} << 50, "a published figure", origin);
       if (pub.bytes <= 0) bad(origin, "a published figure has no \"bytes\" above 0: " + f.dump());
       pub.busbw_gbps = f.value("busbw_gbps", 0.0);
       if (f.contains("time_us")) {
@@ -585,8 +602,8 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
       pub.source = f.value("source", "");
       pub.note = f.value("note", "");
       pub.calibrated = f.value("calibrated", false);
-      pub.ranks = f.value("ranks", 0);
-      pub.nodes = f.value("nodes", 1);
+      pub.ranks = static_cast<int>(whole(f, "ranks", 0, 0, 1 << 20, "a published figure", origin));
+      pub.nodes = static_cast<int>(whole(f, "nodes", 1, 1, 1 << 20, "a published figure", origin));
       if (pub.ranks < 0 || pub.nodes < 1 || (pub.ranks > 0 && pub.ranks < pub.nodes))
         bad(origin, "a published figure's \"ranks\" and \"nodes\" are not a group: " + f.dump());
       p.published.push_back(std::move(pub));

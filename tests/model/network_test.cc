@@ -168,6 +168,32 @@ TEST(Network, AFileSaysWhatIsWrongWithItsNetwork) {
   EXPECT_NE(partial.find("\"network.ops\" lists neither"), std::string::npos) << partial;
 }
 
+TEST(Network, AFilesWholeNumbersAreWholeAndInRange) {
+  // Numbers JSON allows but an int cannot hold (or a count with a fraction) are refused,
+  // never converted.
+  const std::string ops =
+      R"("ops": {"default": [{"name": "a", "base_latency_us": 8, "bus_bandwidth_gbps": 1}]})";
+  const auto error = [&](const std::string& fields) {
+    try {
+      parse_platform("{\"name\": \"x\", " + ops + ", " + fields + "}", "x.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      error(R"("gpus": 6666666666666666666666666666666666666666666666666664)").find("\"gpus\" is"),
+      std::string::npos);
+  EXPECT_NE(error(R"("gpus": 18446744073709551615)").find("not a whole number"), std::string::npos);
+  const std::string figure =
+      R"("published": [{"op": "all_reduce", "busbw_gbps": 1, "source": "s", )";
+  EXPECT_NE(error(figure + R"("bytes": 1e300}])").find("\"bytes\" is"), std::string::npos);
+  EXPECT_NE(error(figure + R"("bytes": 8, "ranks": 2.5}])").find("\"ranks\" is"),
+            std::string::npos);
+  EXPECT_NE(error(figure + R"("bytes": 8, "nodes": 0}])").find("\"nodes\" is"), std::string::npos);
+  EXPECT_EQ(error(R"("gpus": 8)"), "");
+}
+
 TEST(Network, AFigureMeasuredAcrossNodesNeedsANetworkToCheckIt) {
   const std::string text =
       R"({"name": "x", "ops": {"default": [{"name": "a", "base_latency_us": 8, "bus_bandwidth_gbps": 1}]},
