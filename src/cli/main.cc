@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "cli/local_nodes.h"
 #include "cli/model_command.h"
 #include "cli/run_flags.h"
 #include "cli/sim_command.h"
@@ -286,5 +287,19 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("bench")) return run_bench(bench_flags);
   const std::optional<sgpu::Options> options = sgpu::cli::options_of(run_flags);
-  return options ? run(*options, run_flags.command) : kUsageError;
+  if (!options) return kUsageError;
+  try {
+    if (sgpu::cli::every_node_here(sgpu::contract::with_environment(*options))) {
+      return sgpu::cli::run_every_node(*options, argc, argv, [&](const sgpu::Options& node) {
+        return run(node, run_flags.command);
+      });
+    }
+  } catch (const sgpu::ConfigError& e) {  // an environment's override that is no value
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return kUsageError;
+  } catch (const sgpu::Error& e) {  // no port, a node that could not start
+    std::cerr << "sgpu run: " << e.what() << std::endl;
+    return 1;
+  }
+  return run(*options, run_flags.command);
 }

@@ -12,6 +12,8 @@ namespace {
 using contract::OptionRow;
 using contract::OptionType;
 
+constexpr const char* kNprocPerNode = "--nproc-per-node";
+
 // A row's Markdown as the command's help shows it: "[text](link)" is text, code is plain.
 std::string plain(std::string_view markdown) {
   std::string text;
@@ -55,6 +57,10 @@ void add_option_flags(CLI::App& run, RunFlags& flags) {
           ->type_name(contract::type_text(row.type).metavar);
     }
   }
+  // torchrun's name for --gpus, so that its command lines run as they are.
+  run.add_option(kNprocPerNode, flags.values["gpus"], "The same as --gpus (torchrun's name)")
+      ->type_name("INT")
+      ->excludes(run.get_option("--gpus"));
   // What only the command refuses: it leaves "detected" to leaving the flag out.
   run.get_option("--nnodes")->check(CLI::PositiveNumber);
   run.get_option("--node-rank")->check(CLI::NonNegativeNumber);
@@ -76,6 +82,8 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
       "print(os.environ[\"RANK\"])'\n"
       "  srun -N2 --ntasks-per-node=1 sgpu run --gpus 8 -- python train.py   (two nodes)\n"
       "  sgpu run --nnodes 2 --node-rank 0 --rdzv-endpoint n1:29500 --gpus 8 -- python train.py\n"
+      "  sgpu run --backend sim --nnodes 4 --nproc-per-node 8 -- python train.py   (4 simulated\n"
+      "      nodes, all on this machine: no --node-rank or --rdzv-endpoint)\n"
       "  sgpu run --gpus 8 --backend sim --sim-compute shapes -- python "
       "examples/models/llama_step.py");
   add_option_flags(*run, flags);
@@ -92,13 +100,16 @@ std::optional<Options> options_of(const RunFlags& flags) {
       if (flags.switches.at(name)) row.set(options, row.flag.rfind("--no-", 0) != 0);
       continue;
     }
-    if (flags.command_line->count(std::string(row.flag)) == 0) continue;
+    const bool given = flags.command_line->count(std::string(row.flag)) > 0 ||
+                       (name == "gpus" && flags.command_line->count(kNprocPerNode) > 0);
+    if (!given) continue;
     const std::string& text = flags.values.at(name);
     try {
       row.set(options, contract::option_value_of_text(row, text));
     } catch (const std::exception&) {  // no value of its kind, NaN seconds among them
-      std::cerr << "sgpu run: " << row.flag << " takes " << contract::type_text(row.type).takes
-                << ", got \"" << text << "\"\n";
+      const bool alias = name == "gpus" && flags.command_line->count(kNprocPerNode) > 0;
+      std::cerr << "sgpu run: " << (alias ? kNprocPerNode : row.flag) << " takes "
+                << contract::type_text(row.type).takes << ", got \"" << text << "\"\n";
       return std::nullopt;
     }
   }

@@ -280,6 +280,8 @@ std::pair<std::string, std::uint16_t> parse_endpoint(std::string_view text, std:
   return {host, static_cast<std::uint16_t>(*n)};
 }
 
+bool under_engine(const EnvLookup& env) { return detect(env).has_value(); }
+
 NodePlan plan_nodes(const Options& options, const EnvLookup& env) {
   using contract::spell;
   if (options.nnodes < 0) {

@@ -52,6 +52,10 @@ std::optional<std::string> process_env(const char* name);
 // settings, naming the setting or the variable.
 NodePlan plan_nodes(const Options& options, const EnvLookup& env = process_env);
 
+// Whether the process runs under an engine that says its node's place (torchrun's, Slurm's,
+// Open MPI's or PMI's variables).
+bool under_engine(const EnvLookup& env = process_env);
+
 // Slurm's compressed host list, in order: "n[1-3,07],gpu-a" is n1 n2 n3 n07 gpu-a (a
 // range keeps its first number's zero padding). Throws ConfigError on a malformed list.
 std::vector<std::string> expand_hostlist(std::string_view list);

@@ -121,6 +121,39 @@ def test_the_same_launch_from_torchruns_pet_variables(tmp_path):
     assert seen == ["0 0", "1 0", "2 1", "3 1"], results
 
 
+def test_one_command_simulates_every_node_of_the_launch(tmp_path):
+    # NOTE [Every node on one machine]: no node rank and no endpoint on sim, and this sgpu
+    # starts the other nodes itself. The ranks take torchrun's places on 3 nodes of 2.
+    places = script(tmp_path, """
+        import os
+        names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK"]
+        print("place", *[os.environ[n] for n in names], flush=True)
+        """)
+    env = dict(os.environ, SGPU_TRACKING="off", SGPU_RUNS_DIR=str(tmp_path / "runs"))
+    done = subprocess.run([SGPU, "run", "--backend", "sim", "--nproc-per-node", "2", "--nnodes",
+                           "3", "--", *places], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    seen = sorted(line.split("place ", 1)[1] for line in done.stdout.splitlines()
+                  if "place " in line)
+    assert seen == sorted(f"{n * 2 + l} {l} 6 2 {n} {n}" for n in range(3) for l in range(2))
+    # A rank on the last node fails: every node ends, the command exits with its code and
+    # names it the root cause, and nothing is left running.
+    marker = f"{os.getpid()}-every-node"
+    crash = script(tmp_path, """
+        import os, time
+        if os.environ["RANK"] == "4":
+            os._exit(7)
+        time.sleep(120)
+        """)
+    done = subprocess.run([SGPU, "run", "--backend", "sim", "--gpus", "2", "--nnodes", "3", "--",
+                           *crash], env=dict(env, SGPU_TEST_MARKER=marker),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 7, done.stderr
+    assert re.search(r"\b4 +2 +\d+ +exited with code 7 +<- root cause", done.stderr), done.stderr
+    assert processes_with_marker(f"SGPU_TEST_MARKER={marker}") == []
+
+
 def predicted_all_reduces(text: str) -> float:
     """The seconds the collectives line predicts for the all-reduces."""
     found = re.search(r"all_reduce \d+ calls, [^(]*\(([0-9.]+) s on h100-nvswitch\)", text)
