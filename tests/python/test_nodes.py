@@ -193,6 +193,35 @@ def test_a_group_across_two_nodes_is_timed_on_the_network_between_them(tmp_path)
     assert predicted_all_reduces(one.stderr) * 3 < predicted_all_reduces(results[0][2]), one.stderr
 
 
+
+@pytest.mark.parametrize("members, nodes", [((0, 1), 1), ((0, 2), 2)])
+def test_a_subgroup_is_timed_on_the_links_its_members_cross(tmp_path, members, nodes):
+    # An HSDP mesh's two kinds of group on 2 nodes of 2: ranks 0 and 1 share a node and
+    # NVLink; ranks 0 and 2 are on two nodes and cross on one NIC each.
+    program = script(tmp_path, f"""
+        import os, torch, torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        group = dist.new_group({list(members)})
+        if dist.get_rank() in {list(members)}:
+            dist.all_reduce(torch.ones(16 << 20, device="cuda"), group=group)
+        print("done", flush=True)
+        dist.destroy_process_group()
+        """)
+    done = subprocess.run([SGPU, "run", "--backend", "sim", "--nproc-per-node", "2", "--nnodes",
+                           "2", "--gpu-type", "H100", "--sim-compute", "shapes", "--", *program],
+                          env=dict(os.environ, SGPU_TRACKING="off"), capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    model = subprocess.run([SGPU, "model", "predict", "h100-nvswitch", "--ops", "all_reduce",
+                            "--min-bytes", "64M", "--max-bytes", "64M", "--ranks", "2",
+                            "--nodes", str(nodes)], capture_output=True, text=True,
+                           check=True).stdout
+    row = next(line.split() for line in model.splitlines() if line.strip().startswith("all_reduce"))
+    # Node 0's line is rank 0's, a member of both groups.
+    assert predicted_all_reduces(done.stderr) == pytest.approx(float(row[2]) / 1e6, abs=1e-6)
+
+
 SLEEPER = """
     import os, sys, time
     rank = int(os.environ["RANK"])
