@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -16,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "contract/front_end.h"
 #include "launcher/nodes.h"
 #include "launcher/process.h"
 #include "sgpu/errors.h"
