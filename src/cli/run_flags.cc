@@ -100,14 +100,13 @@ std::optional<Options> options_of(const RunFlags& flags) {
       if (flags.switches.at(name)) row.set(options, row.flag.rfind("--no-", 0) != 0);
       continue;
     }
-    const bool given = flags.command_line->count(std::string(row.flag)) > 0 ||
-                       (name == "gpus" && flags.command_line->count(kNprocPerNode) > 0);
-    if (!given) continue;
+    // --gpus given under torchrun's name
+    const bool alias = name == "gpus" && flags.command_line->count(kNprocPerNode) > 0;
+    if (!alias && flags.command_line->count(std::string(row.flag)) == 0) continue;
     const std::string& text = flags.values.at(name);
     try {
       row.set(options, contract::option_value_of_text(row, text));
     } catch (const std::exception&) {  // no value of its kind, NaN seconds among them
-      const bool alias = name == "gpus" && flags.command_line->count(kNprocPerNode) > 0;
       std::cerr << "sgpu run: " << (alias ? kNprocPerNode : row.flag) << " takes "
                 << contract::type_text(row.type).takes << ", got \"" << text << "\"\n";
       return std::nullopt;

@@ -19,6 +19,8 @@ namespace sgpu::model {
 namespace {
 
 using nlohmann::json;
+using Curves = std::map<std::string, std::vector<std::pair<double, double>>>;  // by name
+using OpAlgorithms = std::vector<std::pair<Collective, std::vector<Algorithm>>>;
 
 constexpr std::pair<Collective, std::string_view> kNames[] = {
     {Collective::kAllReduce, "all_reduce"},
@@ -164,9 +166,8 @@ std::vector<std::pair<double, double>> parse_curve(const json& j, const std::str
 }
 
 // `j`'s "efficiency", when it has one: a curve's name in `curves`, or the curve itself.
-void parse_efficiency(const json& j,
-                      const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
-                      const std::string& at, const std::string& origin, std::string& name,
+void parse_efficiency(const json& j, const Curves& curves, const std::string& at,
+                      const std::string& origin, std::string& name,
                       std::vector<std::pair<double, double>>& points) {
   if (!j.contains("efficiency")) return;
   if (j["efficiency"].is_string()) {
@@ -179,9 +180,8 @@ void parse_efficiency(const json& j,
   }
 }
 
-Algorithm parse_algorithm(
-    const json& j, const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
-    const std::string& where, const std::string& origin) {
+Algorithm parse_algorithm(const json& j, const Curves& curves, const std::string& where,
+                          const std::string& origin) {
   if (!j.is_object()) bad(origin, where + " is not an object");
   Algorithm a;
   a.name = j.value("name", "");
@@ -203,9 +203,8 @@ Algorithm parse_algorithm(
   return a;
 }
 
-std::vector<Algorithm> parse_algorithms(
-    const json& j, const std::map<std::string, std::vector<std::pair<double, double>>>& curves,
-    const std::string& where, const std::string& origin) {
+std::vector<Algorithm> parse_algorithms(const json& j, const Curves& curves,
+                                        const std::string& where, const std::string& origin) {
   if (!j.is_array() || j.empty()) bad(origin, where + " is not a list of algorithms");
   std::vector<Algorithm> out;
   for (std::size_t i = 0; i < j.size(); ++i)
@@ -213,8 +212,13 @@ std::vector<Algorithm> parse_algorithms(
   return out;
 }
 
-using Curves = std::map<std::string, std::vector<std::pair<double, double>>>;
-using OpAlgorithms = std::vector<std::pair<Collective, std::vector<Algorithm>>>;
+// The algorithms `ops` lists for `c`, else `defaults`.
+const std::vector<Algorithm>& algorithms_for(const OpAlgorithms& ops,
+                                             const std::vector<Algorithm>& defaults, Collective c) {
+  for (const auto& [op, list] : ops)
+    if (op == c) return list;
+  return defaults;
+}
 
 // `j`, an "ops" object (at `where`), into `ops` and `defaults`.
 void parse_ops(const json& j, const Curves& curves, const std::string& where,
@@ -260,8 +264,7 @@ json curve_json(const std::vector<std::pair<double, double>>& curve) {
 }
 
 void efficiency_json(json& j, const std::string& name,
-                     const std::vector<std::pair<double, double>>& points,
-                     const std::map<std::string, std::vector<std::pair<double, double>>>& curves) {
+                     const std::vector<std::pair<double, double>>& points, const Curves& curves) {
   if (!name.empty() && curves.contains(name)) {
     j["efficiency"] = name;
   } else if (!points.empty()) {
@@ -269,8 +272,7 @@ void efficiency_json(json& j, const std::string& name,
   }
 }
 
-json algorithm_json(const Algorithm& a,
-                    const std::map<std::string, std::vector<std::pair<double, double>>>& curves) {
+json algorithm_json(const Algorithm& a, const Curves& curves) {
   json j = {{"name", a.name},
             {"base_latency_us", a.base_latency_us},
             {"hop_latency_us", a.hop_latency_us},
@@ -500,15 +502,11 @@ double roofline_seconds(const Roofline& roofline, double flops, double bytes,
 }
 
 const std::vector<Algorithm>& Platform::algorithms(Collective c) const {
-  for (const auto& [op, list] : ops)
-    if (op == c) return list;
-  return default_algorithms;
+  return algorithms_for(ops, default_algorithms, c);
 }
 
 const std::vector<Algorithm>& Network::algorithms(Collective c) const {
-  for (const auto& [op, list] : ops)
-    if (op == c) return list;
-  return default_algorithms;
+  return algorithms_for(ops, default_algorithms, c);
 }
 
 std::string_view steps_name(Steps s) {
@@ -572,7 +570,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
     for (const json& t : default_for) p.default_for.push_back(upper(t.get<std::string>()));
     const json sources = j.value("sources", json::array());
     for (const json& s : sources) p.sources.push_back(s.get<std::string>());
-    std::map<std::string, std::vector<std::pair<double, double>>> curves;
+    Curves curves;
     const json listed_curves = j.value("curves", json::object());
     if (!listed_curves.is_object()) bad(origin, "\"curves\" is not an object of named curves");
     for (const auto& [name, points] : listed_curves.items())
@@ -604,7 +602,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
       pub.calibrated = f.value("calibrated", false);
       pub.ranks = static_cast<int>(whole(f, "ranks", 0, 0, 1 << 20, "a published figure", origin));
       pub.nodes = static_cast<int>(whole(f, "nodes", 1, 1, 1 << 20, "a published figure", origin));
-      if (pub.ranks < 0 || pub.nodes < 1 || (pub.ranks > 0 && pub.ranks < pub.nodes))
+      if (pub.ranks > 0 && pub.ranks < pub.nodes)
         bad(origin, "a published figure's \"ranks\" and \"nodes\" are not a group: " + f.dump());
       p.published.push_back(std::move(pub));
     }
@@ -621,7 +619,7 @@ Platform parse_platform(std::string_view text, const std::string& origin) {
 }
 
 std::string platform_json(const Platform& p) {
-  std::map<std::string, std::vector<std::pair<double, double>>> curves;
+  Curves curves;
   auto collect = [&](const std::vector<Algorithm>& list) {
     for (const Algorithm& a : list)
       if (!a.curve.empty()) curves[a.curve] = a.efficiency;
