@@ -109,13 +109,21 @@ inline std::vector<pid_t> children_of(pid_t parent) {
   return found;
 }
 
+// Whether `pid` is a sanitizer's symbolizer: ThreadSanitizer starts one as a child of the
+// process at its first report, a suppressed one too, and keeps it to the end.
+inline bool is_symbolizer(pid_t pid) {
+  std::string comm = read_file("/proc/" + std::to_string(pid) + "/comm");
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm.rfind("llvm-symbolizer", 0) == 0 || comm == "addr2line";
+}
+
 // Rank processes not yet reaped, whoever their parent: children of this process other
-// than its fork server, and the fork server's children.
+// than its fork server and a sanitizer's symbolizer, and the fork server's children.
 inline std::vector<pid_t> children() {
   std::vector<pid_t> found;
   const pid_t server = launcher::fork_server_pid();
   for (pid_t pid : children_of(::getpid())) {
-    if (pid != server) found.push_back(pid);
+    if (pid != server && !is_symbolizer(pid)) found.push_back(pid);
   }
   if (server != 0) {
     for (pid_t pid : children_of(server)) found.push_back(pid);
