@@ -554,8 +554,8 @@ def _patch_cudnn(torch) -> None:
     """No cuDNN serves a simulated GPU: torch takes its native kernels, whose CPU ones run
     (convolutions already do, the hooks saying so). cudnn.version() answers with the version
     this torch was built against, as on a node, and is_acceptable() says no, so that an RNN
-    takes torch's native path rather than cuDNN's: its fused LSTM and GRU cells are CUDA
-    kernels with no CPU one, and name themselves (NotImplementedError)."""
+    takes torch's native path rather than cuDNN's, whose fused LSTM and GRU cells sim
+    serves itself (NOTE [RNN cells on sim] in sim/cuda/rnn_cells.cc)."""
     import torch.backends.cudnn as cudnn
 
     major, minor, patch = torch._C._cudnn.getCompileVersion()

@@ -19,6 +19,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -314,8 +315,11 @@ class ProfiledWork final : public collectives::ForwardingWork {
       }
       if (end) end();
     }
+    // When the operation started, as NCCL's watchdog counts a work's time.
+    std::chrono::steady_clock::time_point started() const { return started_; }
 
    private:
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
     std::function<void()> end_;
   };
@@ -330,7 +334,6 @@ class ProfiledWork final : public collectives::ForwardingWork {
   // A collective that times out says so in NCCL's watchdog's words, which code written for
   // NCCL matches ("caught collective operation timeout"), with sgpu's verdict after them.
   bool wait(std::chrono::milliseconds timeout) override {
-    const auto start = std::chrono::steady_clock::now();
     try {
       const bool done = inner().wait(timeout);
       event_->end();
@@ -340,7 +343,7 @@ class ProfiledWork final : public collectives::ForwardingWork {
       const std::string what = e.what_without_backtrace();
       if (what.find(" timed out in ") == std::string::npos) throw;
       const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - start);
+          std::chrono::steady_clock::now() - event_->started());
       C10_THROW_ERROR(DistBackendError,
                       "Watchdog caught collective operation timeout: WorkNCCL(OpType=" +
                           c10d::opTypeToString(retrieveOpType()) + ") ran for " +

@@ -4,6 +4,12 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <string>
+
+namespace torch {
+class Library;
+}
+
 namespace sgpu::sim::cuda {
 
 // guard.cc: torch's device guard for CUDA, over `count` devices; the calling thread's
@@ -25,5 +31,10 @@ at::Tensor cpu_view(const at::Tensor& cuda);
 // redirect.cc: the CUDA kernel of every operator registered so far runs its CPU kernel;
 // returns how many operators it covered this time.
 int cover_operators();
+
+// rnn_cells.cc: registers, into `aten` (CUDA's kernels), sim's own kernel for operator
+// `name` if it is one of the fused LSTM and GRU cells (NOTE [RNN cells on sim]); returns
+// whether it was.
+bool cover_rnn_cell(torch::Library& aten, const std::string& name);
 
 }  // namespace sgpu::sim::cuda

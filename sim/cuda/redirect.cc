@@ -445,7 +445,7 @@ int cover_operators() {
       library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&nothing>());
     } else if (cpu) {
       library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
-    } else {
+    } else if (!cover_rnn_cell(*library, name.name)) {
       library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&not_simulated>());
     }
     covered.insert(key);
