@@ -202,6 +202,17 @@ SqliteStore::SqliteStore(const std::string& uri) : path_(sqlite_path_of(uri)) {
   sqlite3_busy_timeout(db_, kBusyTimeoutMs);
   try {
     create_or_check();
+    // Under WAL, a commit need not wait for the disk (only a checkpoint does), and a crash
+    // or power loss still leaves the database whole: it may lose the last commits, never
+    // its consistency. Eight ranks logging each step commit hundreds of times a call; with
+    // each waiting for an fsync, a disk that takes 50 ms for one (a fresh cloud volume)
+    // holds their sends past the limit of a rank's end. A journal of another mode keeps
+    // SQLite's full synchronisation, which that mode needs.
+    Statement mode(db_, path_, "PRAGMA journal_mode");
+    if (mode.step() && mode.text(0) == "wal") {
+      Statement normal(db_, path_, "PRAGMA synchronous=NORMAL");
+      normal.step();
+    }
   } catch (...) {
     sqlite3_close(db_);
     db_ = nullptr;
