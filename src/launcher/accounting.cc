@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "collectives/recorder.h"
@@ -34,15 +35,31 @@ double predicted_comm_seconds(const CommStats& comm) {
   return seconds;
 }
 
+// The platform's roofline, by name; std::nullopt for one given by a file's path that is
+// gone, or any it cannot read: nothing is known of it beyond what was recorded.
+std::optional<model::Roofline> roofline_of(const std::string& platform) {
+  try {
+    return model::load_platform(platform).compute;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The hardware FLOPs (what ran, recomputation included) over `seconds`, as a fraction of
+// the platform's dense bfloat16 peak, the figure MFU is quoted against; 0 where either is
+// unknown.
+double peak_fraction(const std::optional<model::Roofline>& roofline, double flops, double seconds) {
+  if (!roofline || seconds <= 0) return 0;
+  const double peak = roofline->peak_for("bfloat16") * 1e12;
+  return peak > 0 ? flops / seconds / peak : 0;
+}
+
 // How far the estimate can be trusted, from what the platform's kernel model was held to
 // (KernelCosts::validated_dtypes): its typical error, or why there is none to give.
-std::string assurance(const std::string& platform, double unvalidated_share) {
-  model::KernelCosts kernels;
-  try {
-    kernels = model::load_platform(platform).compute.kernels;
-  } catch (const std::exception&) {
-    return "";  // a platform given by a file's path: nothing known of it beyond the file
-  }
+std::string assurance(const std::string& platform, const std::optional<model::Roofline>& roofline,
+                      double unvalidated_share) {
+  if (!roofline) return "";
+  const model::KernelCosts& kernels = roofline->kernels;
   if (kernels.validated_dtypes.empty())
     return "; " + platform + "'s compute model is held to no measured run yet: no error to give";
   std::string dtypes;
@@ -137,7 +154,15 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
   std::snprintf(text, sizeof text,
                 ", %.3f s on %s; with the collectives' %.3f s (%.3f s of them exposed), %.3f s",
                 most.predicted_seconds, platform.c_str(), most_comm, most_exposed, most_with_comm);
-  return line + text + assurance(platform, unvalidated_share) + "\n";
+  line += text;
+  const std::optional<model::Roofline> roofline = roofline_of(platform);
+  if (const double fraction = peak_fraction(roofline, most.flops, most_with_comm); fraction > 0) {
+    std::snprintf(text, sizeof text,
+                  " at %.0f%% of the bfloat16 peak (hardware FLOPs, recomputation included)",
+                  fraction * 100);
+    line += text;
+  }
+  return line + assurance(platform, roofline, unvalidated_share) + "\n";
 }
 
 std::map<std::string, double> compute_metrics(const ComputeStats& compute) {
@@ -150,6 +175,9 @@ std::map<std::string, double> compute_metrics(const ComputeStats& compute) {
     metrics["sgpu.compute.predicted_seconds"] = t.predicted_seconds;
     metrics["sgpu.compute.exposed_collective_seconds"] = compute.exposed_collective_seconds;
     metrics["sgpu.predicted_seconds"] = t.predicted_seconds + compute.exposed_collective_seconds;
+    const double fraction =
+        peak_fraction(roofline_of(compute.platform), t.flops, metrics["sgpu.predicted_seconds"]);
+    if (fraction > 0) metrics["sgpu.compute.bfloat16_peak_fraction"] = fraction;
   }
   return metrics;
 }

@@ -87,11 +87,16 @@ TEST(ComputeSummary, SaysTheMostOfAnyRankAndTheStepWithItsExposedCollectives) {
   rank0.exposed_collective_seconds = 0.1;
   rank1.exposed_collective_seconds = 0.01;
   const std::string line = compute_summary({rank0, rank1}, {comm_of(0.25), comm_of(0.125)});
-  const model::KernelCosts h100 = model::load_platform("h100-nvswitch").compute.kernels;
+  const model::Roofline roofline = model::load_platform("h100-nvswitch").compute;
+  const model::KernelCosts& h100 = roofline.kernels;
+  const double peak = roofline.peak_for("bfloat16") * 1e12;
   EXPECT_EQ(line,
             "sgpu: compute (the most of any rank): 8 operators, 12.00 TFLOP, 9.59 GiB of memory "
             "traffic, 0.014 s on h100-nvswitch; with the collectives' 0.250 s (0.100 s of them "
-            "exposed), 0.107 s; typical error " +
+            "exposed), 0.107 s at " +
+                std::to_string(static_cast<int>(std::lround(12e12 / 0.107 / peak * 100))) +
+                "% of the bfloat16 peak (hardware FLOPs, recomputation included); typical "
+                "error " +
                 std::to_string(static_cast<int>(std::lround(h100.typical_error * 100))) +
                 "% (the mean over " + std::to_string(h100.validated_runs) +
                 " measured runs, docs/benchmarks.md)\n");
@@ -130,6 +135,10 @@ TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.predicted_seconds"), 0.007);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.compute.exposed_collective_seconds"), 0.05);
   EXPECT_DOUBLE_EQ(metrics.at("sgpu.predicted_seconds"), 0.057);
+  // 6 TFLOP in 0.057 s against the H100's dense bfloat16 peak.
+  EXPECT_DOUBLE_EQ(
+      metrics.at("sgpu.compute.bfloat16_peak_fraction"),
+      6e12 / 0.057 / (model::load_platform("h100-nvswitch").compute.peak_for("bfloat16") * 1e12));
   EXPECT_TRUE(compute_metrics(ComputeStats{}).empty());
 }
 

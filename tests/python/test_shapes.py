@@ -540,6 +540,11 @@ def test_the_estimate_lands_in_the_calls_run_one_point_per_rank():
     steps = client.get_metric_history(run.info.run_id, "sgpu.predicted_seconds")
     assert [m.value for m in sorted(steps, key=lambda m: m.step)] == \
         [pytest.approx(rank["predicted_seconds"], rel=1e-9) for rank in stats]
+    # Against the H100's dense bfloat16 peak, 989.4 TFLOPS.
+    fractions = client.get_metric_history(run.info.run_id, "sgpu.compute.bfloat16_peak_fraction")
+    assert [m.value for m in sorted(fractions, key=lambda m: m.step)] == \
+        [pytest.approx(rank["flops"] / rank["predicted_seconds"] / 989.4e12, rel=1e-9)
+         for rank in stats]
 
 
 def bookkeeping_collectives(root: str) -> list:
