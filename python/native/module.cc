@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "backend/backend_table.h"
@@ -39,6 +41,7 @@
 #include "launcher/call_plan.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
+#include "launcher/nodes.h"
 #include "launcher/rank_group.h"
 #include "launcher/rank_main.h"
 #include "launcher/rank_protocol.h"
@@ -343,6 +346,32 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
   return std::make_shared<PyCall>(std::move(started));
 }
 
+// The simulated nodes a distributed function's call with the decorator's `given` options
+// spans on this machine, and each one's GPUs, when there are several (NOTE [Every node on
+// one machine]): `nnodes` given, with `gpus` each node's as in sgpu::Options; or, with
+// neither `nnodes`, an engine nor CUDA_VISIBLE_DEVICES, `gpus` over the simulated node's
+// GPUs, in whole nodes of that size. std::nullopt: the call is one node, or its nodes are
+// elsewhere.
+std::optional<std::pair<int, int>> nodes_here(const py::dict& given) {
+  const Options options = contract::with_environment(options_from(given));
+  if (!launcher::nodes_may_be_here(options)) return std::nullopt;
+  if (options.nnodes > 1) return std::make_pair(options.nnodes, options.gpus);
+  // A node whose GPUs CUDA_VISIBLE_DEVICES narrows is this one: more GPUs than it leaves
+  // are a mismatch, as on a GPU node.
+  if (options.nnodes == 1 || std::getenv("CUDA_VISIBLE_DEVICES") != nullptr) return std::nullopt;
+  const backend::Inventory node = backend::find_backend(options.backend).inventory(options);
+  const int each = static_cast<int>(node.gpus.size());
+  if (each == 0 || options.gpus <= each) return std::nullopt;
+  if (options.gpus % each != 0) {
+    throw AcceleratorMismatchError(
+        std::to_string(options.gpus) + " GPUs requested on simulated nodes of " + node.summary() +
+        ", which that many do not fill: pass " + contract::spell("gpus", std::to_string(each)) +
+        " or fewer for one node, a multiple of " + std::to_string(each) + " for whole nodes, or " +
+        contract::spell("nnodes") + " with the GPUs each node runs as " + contract::spell("gpus"));
+  }
+  return std::make_pair(options.gpus / each, each);
+}
+
 // The Python fork server (python -m sgpu._fork_server): serves until its caller is gone;
 // returns only in each forked rank, with the rank's environment.
 std::vector<std::string> serve_forks() {
@@ -587,6 +616,7 @@ void bind_caller_side(py::module_& m) {
         py::arg("fork_server") = std::vector<std::string>(), py::arg("source_name") = std::string(),
         py::arg("server_imports") = std::vector<std::string>());
   m.def("option_table", &option_table);
+  m.def("nodes_here", &nodes_here);
   m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
   m.def("check_options", [](const py::dict& given) {
     contract::set_front_end(contract::FrontEnd::kPython);  // advice spells the keywords

@@ -18,7 +18,9 @@ import functools
 import linecache
 import os
 import pickle
+import socket
 import sys
+import threading
 import time
 import types
 from typing import Any, Callable, Optional
@@ -442,6 +444,95 @@ def _source_name() -> str:
     return sys.executable
 
 
+class _EveryNode:
+    """Every simulated node of one call, each a native call of its own in this process
+    (NOTE [Every node on one machine] in src/cli/local_nodes.h): node 0 hosts the nodes'
+    store on a loopback port free when it looked, and gathers every rank's result; the
+    figures are each node's ranks', in node order. Stands where one node's call would."""
+
+    def __init__(self, options: dict, nodes: tuple, start: Callable):
+        count, gpus = nodes
+        self._gpus = gpus
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            endpoint = f"127.0.0.1:{probe.getsockname()[1]}"
+        calls: list = [None] * count
+        failures: list = [None] * count
+
+        def start_node(rank: int) -> None:
+            try:
+                calls[rank] = start(dict(options, nnodes=count, node_rank=rank, gpus=gpus,
+                                         rdzv_endpoint=endpoint))
+            except BaseException as error:  # noqa: BLE001 - raised below, in the caller
+                failures[rank] = error
+
+        # A node's start returns once every node has joined: they start side by side.
+        threads = [threading.Thread(target=start_node, args=(rank,), name=f"sgpu node {rank}")
+                   for rank in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self._calls = [call for call in calls if call is not None]
+        failed = [error for error in failures if error is not None]
+        if failed:
+            for call in self._calls:
+                call.cancel()
+            for call in self._calls:
+                while not call.wait_for(0.1):
+                    pass
+            raise failures[0] if failures[0] is not None else failed[0]
+
+    @property
+    def run_dir(self) -> str:
+        return self._calls[0].run_dir
+
+    @property
+    def gpu_type(self) -> str:
+        return self._calls[0].gpu_type
+
+    @property
+    def tracking_link(self) -> str:
+        return self._calls[0].tracking_link
+
+    def wait_for(self, seconds: float) -> bool:
+        return all([call.wait_for(seconds) for call in self._calls])
+
+    def cancel(self) -> None:
+        for call in self._calls:
+            call.cancel()
+
+    def results(self) -> list:
+        try:
+            return self._calls[0].results()
+        except errors.DistributedError as error:
+            # Every node says the same root cause; the root rank's own node also holds its
+            # exception's record (its run folder), so that the rank's exception is raised.
+            root = error.root_cause
+            node = root.rank // self._gpus if root is not None else 0
+            if 0 < node < len(self._calls):
+                try:
+                    self._calls[node].results()
+                except errors.DistributedError as theirs:
+                    raise theirs.with_traceback(None) from None
+            raise
+
+    def results_taken(self) -> None:
+        self._calls[0].results_taken()
+
+    def raise_bad_result(self, rank: int, why: str) -> None:
+        self._calls[0].raise_bad_result(rank, why)
+
+    def memory_stats(self) -> list:
+        return [stats for call in self._calls for stats in call.memory_stats()]
+
+    def comm_stats(self) -> list:
+        return [stats for call in self._calls for stats in call.comm_stats()]
+
+    def compute_stats(self) -> list:
+        return [stats for call in self._calls for stats in call.compute_stats()]
+
+
 class DistributedFunction:
     """A function with its distributed options. Calling it runs it here, once;
     .distributed(...) runs it on every rank and returns their results; .launch(...) starts
@@ -509,17 +600,19 @@ class DistributedFunction:
             notebook = _notebook_name()
             if notebook:  # as on Databricks, the notebook's own experiment
                 options["experiment"] = notebook
-        call = _native.start(
-            options,
-            [sys.executable, "-m", "sgpu._worker"],
-            payload,
-            qualified,
-            _console,
-            parent,
-            fork_server_command(),
-            _source_name(),
-            _server_imports(self._function),
+        start = functools.partial(
+            _native.start,
+            command=[sys.executable, "-m", "sgpu._worker"],
+            payload=payload,
+            function_name=qualified,
+            console=_console,
+            parent_run_id=parent,
+            fork_server=fork_server_command(),
+            source_name=_source_name(),
+            server_imports=_server_imports(self._function),
         )
+        nodes = _native.nodes_here(options)
+        call = start(options) if nodes is None else _EveryNode(options, nodes, start)
         _show_link_in_notebook(name, call.tracking_link)
         return Handle(call, name, max_bytes)
 

@@ -95,8 +95,7 @@ void end_the_rest(std::vector<Node>& nodes) {
 }  // namespace
 
 bool every_node_here(const Options& options) {
-  return options.backend == "sim" && options.nnodes > 1 && options.node_rank < 0 &&
-         options.rdzv_endpoint.empty() && options.rdzv_id.empty() && !launcher::under_engine();
+  return options.nnodes > 1 && launcher::nodes_may_be_here(options);
 }
 
 int run_every_node(Options options, int argc, char** argv,

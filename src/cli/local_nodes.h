@@ -10,6 +10,13 @@
 // and a failure on any node ends every node with its root cause. Each node prints its own
 // ranks' output and its own figures' lines. The exit status is node 0's; when node 0
 // succeeded, the first other node's that did not.
+//
+// A distributed function does the same within its caller's process (sgpu._decorator's
+// _EveryNode): on the sim backend with no node rank, endpoint, id or engine, `nnodes` > 1,
+// or `gpus` over the simulated node's GPUs (whole nodes of that size), starts each node's
+// call side by side on one loopback endpoint. Node 0 gathers every rank's result; a node's
+// launches are counted by launch id and node (node_link.cc), so that one process can be
+// every node of a launch, again and again.
 #pragma once
 
 #include <functional>

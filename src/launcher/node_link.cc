@@ -1,9 +1,11 @@
 #include "launcher/node_link.h"
 
 #include <algorithm>
-#include <atomic>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "contract/front_end.h"
 #include "contract/host_name.h"
@@ -34,9 +36,17 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
-// This process's launches over several nodes so far: a program that calls a distributed
-// function twice makes the same calls on every node, so the counts agree.
-std::atomic<long long> launches{0};
+// This process's launches over several nodes so far, by launch id (an endpoint's, when
+// none is given) and by the node it was in each: a program that calls a distributed
+// function twice makes the same calls on every node, so the counts agree, and a process
+// that is several nodes at once (every simulated node of a call, NOTE [Every node on one
+// machine]) counts each node's own.
+long long next_launch(const std::string& id, int node_rank) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, long long> launches;
+  std::lock_guard lock(mutex);
+  return ++launches[{id, node_rank}];
+}
 
 // A launch's words as sgpu/launch holds them: id, nodes, GPUs per node, sequence.
 struct Launch {
@@ -60,7 +70,7 @@ struct Launch {
 
 NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
     : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(contract::host_name()) {
-  const long long sequence = ++launches;
+  const long long sequence = next_launch(plan_.id, plan_.node_rank);
   const std::string launch = plan_.id + " " + std::to_string(plan_.nnodes) + " " +
                              std::to_string(gpus_per_node) + " " + std::to_string(sequence);
   if (plan_.node_rank == 0) {

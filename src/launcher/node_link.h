@@ -2,7 +2,7 @@
 // The sgpu of each node of a launch over several nodes (NOTE [Several nodes]) talks to the
 // others through node 0's store, the one the ranks meet at, under keys of its own:
 //   sgpu/launch          node 0: "<id> <nodes> <gpus per node> <sequence>", the sequence
-//                        counting the process's launches over several nodes (a program
+//                        counting the process's launches of that id as that node (a program
 //                        that calls a distributed function twice); a node that finds the
 //                        previous one's store still up waits for the next, and one that
 //                        asks for another launch is refused

@@ -56,6 +56,11 @@ NodePlan plan_nodes(const Options& options, const EnvLookup& env = process_env);
 // Open MPI's or PMI's variables).
 bool under_engine(const EnvLookup& env = process_env);
 
+// Whether a launch with `options` (the environment's overrides applied) may simulate its
+// nodes on this machine (NOTE [Every node on one machine]): on the sim backend, with no node
+// rank, rendezvous endpoint or id given, and no engine around it.
+bool nodes_may_be_here(const Options& options, const EnvLookup& env = process_env);
+
 // Slurm's compressed host list, in order: "n[1-3,07],gpu-a" is n1 n2 n3 n07 gpu-a (a
 // range keeps its first number's zero padding). Throws ConfigError on a malformed list.
 std::vector<std::string> expand_hostlist(std::string_view list);

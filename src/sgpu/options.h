@@ -114,7 +114,9 @@ struct Options {
   // Several nodes (docs/cli.md, "Several nodes"): the same launch on every node, each with its
   // own node_rank, meeting at node 0's store. Left unset they come from the engine this
   // process runs under (torchrun's PET_* variables, a Slurm step, Open MPI or PMI), else
-  // the launch is this node alone. So far only sgpu run's programs span nodes.
+  // the launch is this node alone. On the sim backend, with neither a node rank, an endpoint,
+  // an id nor an engine, a Python distributed function runs every node of `nnodes` (or of
+  // `gpus` over its simulated node's) in its caller's process (docs/python.md).
   int nnodes = 0;             // nodes in the launch; 0: detected, else 1
   int node_rank = -1;         // this node's place, 0 to nnodes-1; -1: detected
   std::string rdzv_endpoint;  // HOST[:PORT] of node 0's store (port 29500 when left out);

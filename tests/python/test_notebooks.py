@@ -106,7 +106,7 @@ def test_a_module_the_stand_in_does_not_offer_raises_not_offered_where_imported(
     assert "ModuleNotFoundError: No module named 'serverless_gpu.ray_launch'" in done.stderr
 
 
-def test_the_stand_ins_check_what_databricks_checks():
+def test_the_stand_ins_check_what_databricks_checks(monkeypatch):
     from serverless_gpu import distributed, runtime
     from serverless_gpu.compute import GPUType
 
@@ -121,8 +121,14 @@ def test_the_stand_ins_check_what_databricks_checks():
         .distributed() == [(0, 2, 0), (1, 2, 1)]
     with pytest.raises(sgpu.AcceleratorMismatchError, match="H100"):
         distributed(gpus=2, gpu_type=GPUType.H100, sim_node="2xA10", tracking=False)(where).distributed()
+    # Remote GPUs are simulated nodes on sim: A10s one a node, as Databricks provisions them.
+    assert distributed(gpus=2, gpu_type=GPUType.A10, remote=True, tracking=False)(
+        lambda: where() + (sgpu.get_node_rank(), __import__("torch").cuda.device_count())
+    ).distributed() == [(0, 2, 0, 0, 1), (1, 2, 0, 1, 1)]
+    monkeypatch.setenv("SGPU_BACKEND", "cuda")
     with pytest.raises(sgpu.ConfigError, match="remote=True asks Databricks to provision remote GPUs"):
         distributed(gpus=2, remote=True)
+    monkeypatch.setenv("SGPU_BACKEND", "sim")
     with pytest.raises(sgpu.ConfigError, match="accelerator_type='TPU_v5' is not of the form"):
         air.distributed(accelerator_type="TPU_v5")
     with pytest.raises(ImportError, match="serverless_gpu.ray_launch is part of Databricks"):

@@ -13,6 +13,8 @@ said on stderr where a stand-in is imported, and leaves them off, since the hook
 every interpreter and must not stop one that never imports them.
 """
 
+import os
+
 import sgpu
 from sgpu.errors import ConfigError
 
@@ -29,15 +31,26 @@ def not_offered(module: str, name: str) -> NotOfferedError:
         "which takes precedence over the stand-in")
 
 
+def _backend(options: dict) -> str:
+    """The backend a call with `options` takes: SGPU_BACKEND decides, as sgpu's table says."""
+    return os.environ.get("SGPU_BACKEND") or options.get("backend") or "auto"
+
+
 def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options):
     """@distributed as serverless_gpu has it: `gpus`, `gpu_type` ("H100", "h100",
-    GPUType.H100; checked against the node), and `remote=False` (this node's GPUs)."""
-    if remote:
+    GPUType.H100; checked against the node), and `remote` (False: this node's GPUs; True:
+    GPUs Databricks provisions, which on the sim backend are simulated nodes in this process:
+    one GPU a node for A10, as Databricks gives, else nodes of the simulated node's size)."""
+    if remote and _backend(options) != "sim":
         raise ConfigError(
-            "remote=True asks Databricks to provision remote GPUs, which sgpu does not do: "
-            "it runs on this node's GPUs (remote=False), simulated ones on sim; for several "
-            "nodes, start the program under `sgpu run` on each, under Slurm or MPI (sgpu's docs/cli.md, "
-            "'Several nodes')")
+            "remote=True asks Databricks to provision remote GPUs, which sgpu does not do on "
+            "GPUs: it runs on this node's GPUs (remote=False), and simulates remote nodes on "
+            "the sim backend (backend=\"sim\" or SGPU_BACKEND=sim); for several real nodes, "
+            "start the program under `sgpu run` on each, under Slurm or MPI (sgpu's "
+            "docs/cli.md, 'Several nodes')")
+    if remote and str(gpu_type or "").upper() == "A10" and "sim_node" not in options \
+            and not os.environ.get("SGPU_SIM"):
+        options["sim_node"] = "1xA10"
     if gpus is not None:
         options["gpus"] = gpus
     if gpu_type is not None:
