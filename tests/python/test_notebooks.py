@@ -154,7 +154,8 @@ def test_a_notebooks_run_is_in_its_own_experiment_and_shown_as_a_page(tmp_path, 
     shown = "".join(o.get("data", {}).get("text/html", "") for o in done.cells[0].outputs)
     assert "run <code>mlflow ui --backend-store-uri " + database + "</code>, then open" in shown
     assert 'href="http://127.0.0.1:5000/#/experiments/' in shown
-    mlflow.set_tracking_uri(database)
+    # The reader finds the database through MLFLOW_TRACKING_URI, as the call did: a
+    # set_tracking_uri() here would outlive the test in this process.
     assert len(mlflow.search_runs(experiment_names=["churn model"])) == 1
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "chosen")  # wins, as on Databricks
     execute(code_notebook(call), tmp_path)
