@@ -280,11 +280,9 @@ std::pair<std::string, std::uint16_t> parse_endpoint(std::string_view text, std:
   return {host, static_cast<std::uint16_t>(*n)};
 }
 
-bool under_engine(const EnvLookup& env) { return detect(env).has_value(); }
-
 bool nodes_may_be_here(const Options& options, const EnvLookup& env) {
   return options.backend == "sim" && options.node_rank < 0 && options.rdzv_endpoint.empty() &&
-         options.rdzv_id.empty() && !under_engine(env);
+         options.rdzv_id.empty() && !detect(env).has_value();
 }
 
 NodePlan plan_nodes(const Options& options, const EnvLookup& env) {

@@ -52,13 +52,10 @@ std::optional<std::string> process_env(const char* name);
 // settings, naming the setting or the variable.
 NodePlan plan_nodes(const Options& options, const EnvLookup& env = process_env);
 
-// Whether the process runs under an engine that says its node's place (torchrun's, Slurm's,
-// Open MPI's or PMI's variables).
-bool under_engine(const EnvLookup& env = process_env);
-
 // Whether a launch with `options` (the environment's overrides applied) may simulate its
 // nodes on this machine (NOTE [Every node on one machine]): on the sim backend, with no node
-// rank, rendezvous endpoint or id given, and no engine around it.
+// rank, rendezvous endpoint or id given, and no engine around it that says the node's place
+// (torchrun's, Slurm's, Open MPI's or PMI's variables).
 bool nodes_may_be_here(const Options& options, const EnvLookup& env = process_env);
 
 // Slurm's compressed host list, in order: "n[1-3,07],gpu-a" is n1 n2 n3 n07 gpu-a (a
