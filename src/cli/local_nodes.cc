@@ -40,13 +40,6 @@ std::uint16_t free_loopback_port() {
   return ntohs(address.sin_port);
 }
 
-// How a node's sgpu ended, as an exit status.
-int status_of(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return 1;
-}
-
 struct Node {
   int rank = 0;
   pid_t pid = -1;
@@ -63,7 +56,7 @@ void reap(std::vector<Node>& nodes, std::chrono::milliseconds limit) {
       int wait_status = 0;
       const pid_t got = ::waitpid(node.pid, &wait_status, WNOHANG);
       if (got == node.pid) {
-        node.status = status_of(wait_status);
+        node.status = launcher::shell_status(wait_status);
       } else if (got < 0) {
         node.status = 1;  // not ours to wait for any more
       } else {

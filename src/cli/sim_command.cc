@@ -142,11 +142,6 @@ void end_what_is_left() {
   }
 }
 
-int exit_status(int wstatus) {
-  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
-  return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 1;
-}
-
 // Runs the command and watches the worlds its processes form until it ends.
 int supervise(const SimFlags& flags, const Options& options, const std::filesystem::path& dir) {
   sigset_t forwarded, original;
@@ -177,7 +172,7 @@ int supervise(const SimFlags& flags, const Options& options, const std::filesyst
     std::error_code ec;
     if (!watch.hung() && !options.keep_run_dir) std::filesystem::remove_all(dir, ec);
   }
-  return watch.hung() ? kSimHung : exit_status(*status);
+  return watch.hung() ? kSimHung : launcher::shell_status(*status);
 }
 
 int run_sim(const SimFlags& flags) {

@@ -187,4 +187,9 @@ void reap(pid_t pid) {
   }
 }
 
+int shell_status(int wait_status) {
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1;
+}
+
 }  // namespace sgpu::launcher

@@ -88,4 +88,8 @@ std::vector<pid_t> children_of_this_process();
 // Reaps an exited child.
 void reap(pid_t pid);
 
+// A waitpid() status as a shell reports it: the exit code, 128 + the signal that killed
+// the process, else 1.
+int shell_status(int wait_status);
+
 }  // namespace sgpu::launcher
