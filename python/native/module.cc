@@ -617,6 +617,9 @@ void bind_caller_side(py::module_& m) {
         py::arg("server_imports") = std::vector<std::string>());
   m.def("option_table", &option_table);
   m.def("nodes_here", &nodes_here);
+  m.def("backend_of", [](const py::dict& given) {  // as the environment's overrides leave it
+    return contract::with_environment(options_from(given)).backend;
+  });
   m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
   m.def("check_options", [](const py::dict& given) {
     contract::set_front_end(contract::FrontEnd::kPython);  // advice spells the keywords

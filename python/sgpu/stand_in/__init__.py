@@ -16,6 +16,7 @@ every interpreter and must not stop one that never imports them.
 import os
 
 import sgpu
+from sgpu import _native
 from sgpu.errors import ConfigError
 
 
@@ -31,17 +32,12 @@ def not_offered(module: str, name: str) -> NotOfferedError:
         "which takes precedence over the stand-in")
 
 
-def _backend(options: dict) -> str:
-    """The backend a call with `options` takes: SGPU_BACKEND decides, as sgpu's table says."""
-    return os.environ.get("SGPU_BACKEND") or options.get("backend") or "auto"
-
-
 def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options):
     """@distributed as serverless_gpu has it: `gpus`, `gpu_type` ("H100", "h100",
     GPUType.H100; checked against the node), and `remote` (False: this node's GPUs; True:
     GPUs Databricks provisions, which on the sim backend are simulated nodes in this process:
     one GPU a node for A10, as Databricks gives, else nodes of the simulated node's size)."""
-    if remote and _backend(options) != "sim":
+    if remote and _native.backend_of(options) != "sim":
         raise ConfigError(
             "remote=True asks Databricks to provision remote GPUs, which sgpu does not do on "
             "GPUs: it runs on this node's GPUs (remote=False), and simulates remote nodes on "
