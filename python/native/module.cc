@@ -10,6 +10,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
@@ -536,7 +537,21 @@ py::tuple cuda_generators(int count) {
   return out;
 }
 
+// Sim's refusals (sim::cuda::refuse) as Python sees them: sgpu.errors.NotSimulatedError, a
+// NotImplementedError, where torch would turn a C++ exception into a plain one. torch's
+// bindings restore the Python error a python_error carries, the autograd engine's threads
+// included.
+[[noreturn]] void refuse_in_python(const std::string& message) {
+  py::gil_scoped_acquire gil;
+  const py::object error = py::module_::import("sgpu.errors").attr("NotSimulatedError");
+  PyErr_SetString(error.ptr(), message.c_str());
+  python_error raised;
+  raised.persist();
+  throw raised;
+}
+
 void bind_cuda_on_sim(py::module_& m) {
+  sim::cuda::set_refusal(&refuse_in_python);
   m.def("serve_cuda", &serve_cuda);
   // The node's memory ledger serve_cuda() opened or made (NOTE [A node's shared device
   // memory]), for os.environ, which the C environment's changes do not reach.

@@ -15,25 +15,35 @@
 // device from their storage and must be CPU tensors there. A cuda tensor says its device
 // itself (CudaTensorImpl), and so views of it go through this kernel too, which makes
 // them cuda tensors over the same storage.
+//
+// Sparse (COO) cuda tensors take the same road under the SparseCUDA key: a SparseCPU tensor
+// over CPU views of the tensor's indices and values stands in for it, the operator's
+// SparseCPU kernel runs, and a sparse result comes back as a sparse cuda tensor over its
+// parts' storage (an argument changed in place gets the result's parts).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/SparseTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/SparseTensorUtils.h>
 #include <ATen/native/transformers/attention.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cctype>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 
 #include "sim/cuda/generator.h"
 #include "sim/cuda/parts.h"
+#include "sim/cuda/sim_cuda.h"
 #include "sim/memory/device_allocator.h"
 
 namespace sgpu::sim::cuda {
@@ -100,17 +110,63 @@ std::string kernel_name(const c10::OperatorHandle& op) {
               " in method ", kernel_name(op), ")");
 }
 
-// A sparse (or otherwise unstrided) cuda tensor: CUDA on sim serves strided tensors, whose
-// storage a CPU view shares; the others' parts live apart, so the operator is refused.
+// A cuda tensor of a compressed sparse (CSR, CSC, BSR, BSC) or other unstrided layout: CUDA
+// on sim serves strided tensors, whose storage a CPU view shares, and sparse COO ones, whose
+// two parts are strided; the others are refused.
 [[noreturn]] void not_strided(const c10::OperatorHandle& op, const at::Tensor& t) {
-  std::string layout = c10::str(t.layout());  // "Sparse", "SparseCsr", ...
+  std::string layout = c10::str(t.layout());  // "SparseCsr", "SparseBsr", ...
   for (char& c : layout) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  C10_THROW_ERROR(NotImplementedError,
-                  "sgpu: " + op.schema().name() + " on a " + layout +
-                      " cuda tensor: CUDA on sim serves strided (dense) tensors only, so "
-                      "sparse and other layouts on a simulated GPU are not simulated. Keep "
-                      "them on the CPU (their CPU kernels run), or run this code on the cuda "
-                      "backend (a GPU node)");
+  refuse("sgpu: " + op.schema().name() + " on a " + layout +
+         " cuda tensor: CUDA on sim serves strided (dense) and sparse COO tensors only, so "
+         "compressed sparse and other layouts on a simulated GPU are not simulated. Convert "
+         "with .to_sparse() (COO), keep them on the CPU (their CPU kernels run), or run this "
+         "code on the cuda backend (a GPU node)");
+}
+
+// `to`, a sparse tensor, takes `from`'s shape and flags, over `indices` and `values` (views
+// of `from`'s parts on another device).
+void set_sparse(at::SparseTensorImpl* to, const at::SparseTensorImpl& from,
+                const at::Tensor& indices, const at::Tensor& values) {
+  to->raw_resize_(from.sparse_dim(), from.dense_dim(), from.sizes());
+  to->set_indices_and_values_unsafe(indices, values);
+  to->set_coalesced(from.coalesced());
+}
+
+// `to` takes `from`'s shape, flags and parts, as cuda tensors on `device`.
+void set_sparse_on(at::SparseTensorImpl* to, const at::SparseTensorImpl& from, c10::Device device) {
+  set_sparse(to, from, as_cuda(from.indices(), device), as_cuda(from.values(), device));
+}
+
+// A sparse cuda tensor on `device` over the parts of `cpu` (made by a SparseCPU kernel).
+at::Tensor sparse_as_cuda(const at::Tensor& cpu, c10::Device device) {
+  c10::DeviceGuard on(device);  // the empty parts a SparseTensorImpl starts with
+  at::Tensor cuda = at::detail::make_tensor<at::SparseTensorImpl>(
+      c10::DispatchKeySet(c10::DispatchKey::SparseCUDA), cpu.dtype());
+  set_sparse_on(at::sparse::get_sparse_impl(cuda), *at::sparse::get_sparse_impl(cpu), device);
+  return cuda;
+}
+
+// A SparseCPU tensor over CPU views of sparse cuda tensor `cuda`'s indices and values.
+at::Tensor sparse_cpu_view(const at::Tensor& cuda) {
+  const at::SparseTensorImpl& from = *at::sparse::get_sparse_impl(cuda);
+  at::Tensor cpu = at::detail::make_tensor<at::SparseTensorImpl>(
+      c10::DispatchKeySet(c10::DispatchKey::SparseCPU), cuda.dtype());
+  set_sparse(at::sparse::get_sparse_impl(cpu), from, cpu_view(from.indices()),
+             cpu_view(from.values()));
+  return cpu;
+}
+
+// Whether a SparseCPU kernel left `view` (sparse_cpu_view(original)) as it was made.
+bool sparse_unchanged(const at::Tensor& view, const at::Tensor& original) {
+  const at::SparseTensorImpl& after = *at::sparse::get_sparse_impl(view);
+  const at::SparseTensorImpl& before = *at::sparse::get_sparse_impl(original);
+  auto same_part = [](const at::Tensor& cpu, const at::Tensor& cuda) {
+    return cpu.storage().is_alias_of(cuda.storage()) && cpu.sizes() == cuda.sizes() &&
+           cpu.strides() == cuda.strides() && cpu.storage_offset() == cuda.storage_offset();
+  };
+  return after.sparse_dim() == before.sparse_dim() && after.dense_dim() == before.dense_dim() &&
+         after.sizes() == before.sizes() && after.coalesced() == before.coalesced() &&
+         same_part(after.indices(), before.indices()) && same_part(after.values(), before.values());
 }
 
 // Random operators that take no generator: they draw from the CPU's default one.
@@ -189,9 +245,11 @@ bool is_optional_generator(const c10::Argument& argument) {
 // One call of run_on_cpu: the stack rewritten for the CPU, and what to give back.
 class Call {
  public:
-  Call(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+  // `cpu`: the key of the kernel to run, the CPU's or (for sparse tensors) SparseCPU's.
+  Call(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey cpu)
       : op_(op),
         stack_(*stack),
+        cpu_(cpu),
         host_ok_(takes_host_tensors(op.operator_name())),
         peer_copy_(copies_between_devices(op.operator_name())) {}
 
@@ -207,7 +265,7 @@ class Call {
     {
       memory::DeviceScope scope(out_device().is_cuda() ? out_device().index() : -1);
       const std::optional<c10::ScalarType> cast_back = half_to_float(first);
-      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+      op_.redispatchBoxed(c10::DispatchKeySet(cpu_), &stack_);
       if (cast_back) stack_.back() = stack_.back().toTensor().to(*cast_back);
     }
     draws.reset();
@@ -278,15 +336,15 @@ class Call {
     if (!t.defined()) return t;
     const c10::Device device = t.device();
     if (device.is_cuda()) {
-      if (t.layout() != c10::kStrided) not_strided(op_, t);
+      if (t.layout() != c10::kStrided && t.layout() != c10::kSparse) not_strided(op_, t);
       check_device(device, argument);
-      at::Tensor view = cpu_view(t);
+      at::Tensor view = t.is_sparse() ? sparse_cpu_view(t) : cpu_view(t);
       views_.emplace_back(view, t);
       return view;
     }
     // A CPU scalar (0-dim) is a number to CUDA's kernels; a CPU tensor is not.
     if (!host_ok_ && t.dim() > 0) check_device(device, argument);
-    hosts_.push_back(t.storage().unsafeGetStorageImpl());
+    if (t.layout() == c10::kStrided) hosts_.push_back(t.storage().unsafeGetStorageImpl());
     return t;
   }
 
@@ -326,6 +384,7 @@ class Call {
     }
     const c10::Device device = out_device();
     if (!device.is_cuda()) return t;
+    if (t.is_sparse()) return sparse_as_cuda(t, device);
     if (t.layout() != c10::kStrided) not_strided(op_, t);
     for (const c10::StorageImpl* host : hosts_) {  // a host argument handed back as it is
       if (t.storage().unsafeGetStorageImpl() == host) return t;
@@ -338,6 +397,13 @@ class Call {
   // device, the CPU's: the metadata comes over from a cuda tensor instead.)
   void carry_metadata() {
     for (auto& [view, original] : views_) {
+      if (original.is_sparse()) {
+        if (!sparse_unchanged(view, original)) {
+          set_sparse_on(at::sparse::get_sparse_impl(original), *at::sparse::get_sparse_impl(view),
+                        original.device());
+        }
+        continue;
+      }
       const c10::TensorImpl* from = view.unsafeGetTensorImpl();
       c10::TensorImpl* to = original.unsafeGetTensorImpl();
       const bool same_storage = from->storage().is_alias_of(to->storage());
@@ -352,6 +418,7 @@ class Call {
 
   const c10::OperatorHandle& op_;
   torch::jit::Stack& stack_;
+  const c10::DispatchKey cpu_;
   const bool host_ok_;
   const bool peer_copy_;
   std::optional<c10::Device> common_;  // the first tensor's device, as CUDA's checks keep it
@@ -363,17 +430,28 @@ class Call {
 };
 
 void run_on_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  Call(op, stack).run();
+  Call(op, stack, c10::DispatchKey::CPU).run();
 }
 
-// An operator with a CUDA kernel and no CPU one: custom kernels, cuDNN, flash attention.
-void not_simulated(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
-  C10_THROW_ERROR(NotImplementedError,
-                  "sgpu: " + op.schema().name() +
-                      " has a CUDA kernel and no CPU one, so it cannot run on simulated GPUs "
-                      "(CUDA on sim runs each operator's CPU kernel). Run this code on the cuda "
-                      "backend (a GPU node), or keep this operator out of what runs on sim");
+void run_on_sparse_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                       torch::jit::Stack* stack) {
+  Call(op, stack, c10::DispatchKey::SparseCPU).run();
 }
+
+// An operator with a CUDA kernel and no CPU one: custom kernels, cuDNN, flash attention,
+// cuSPARSE's.
+void not_simulated(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+  refuse("sgpu: " + op.schema().name() +
+         " has a CUDA kernel and no CPU one, so it cannot run on simulated GPUs (CUDA on sim "
+         "runs each operator's CPU kernel). Run this code on the cuda backend (a GPU node), or "
+         "keep this operator out of what runs on sim");
+}
+
+void throw_not_implemented(const std::string& message) {
+  C10_THROW_ERROR(NotImplementedError, message);
+}
+
+std::atomic<Refusal> g_refusal{&throw_not_implemented};
 
 // Streams are names on sim: there is nothing to keep alive for one.
 void nothing(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*) {}
@@ -408,10 +486,67 @@ at::Tensor cpu_view(const at::Tensor& cuda) {
 
 int device_of(const c10::Storage& storage) { return memory::cuda_device_of(storage.allocator()); }
 
+void set_refusal(Refusal refusal) { g_refusal.store(refusal); }
+
+void refuse(const std::string& message) {
+  g_refusal.load()(message);
+  C10_THROW_ERROR(NotImplementedError, message);  // a refusal that returned
+}
+
+namespace {
+
+// The library that registers namespace `ns`'s kernels for `key`: made once, and kept, as a
+// library's registrations last as long as it does. Under cover_operators()'s lock.
+torch::Library& library_for(const std::string& ns, c10::DispatchKey key) {
+  static std::map<std::pair<std::string, c10::DispatchKey>, torch::Library*> libraries;
+  torch::Library*& library = libraries[{ns, key}];
+  if (library == nullptr)
+    library = new torch::Library(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
+  return *library;
+}
+
+// Registers sim's CUDA kernel for operator `op`, `qualified` its name in namespace `ns`:
+// its CPU kernel's, sim's own (the RNN cells), or a refusal. False where it has no kernel
+// for either.
+bool cover_dense(const c10::OperatorHandle& op, const std::string& ns,
+                 const std::string& qualified) {
+  const bool cpu =
+      op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  const bool cuda = op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  if (!cpu && !cuda) return false;
+  torch::Library& library = library_for(ns, c10::DispatchKey::CUDA);
+  if (op.schema().name() == "aten::record_stream") {
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&nothing>());
+  } else if (cpu) {
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
+  } else if (!cover_rnn_cell(library, op.schema().name())) {
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&not_simulated>());
+  }
+  return true;
+}
+
+// The same for its SparseCUDA kernel: its SparseCPU kernel's, or a refusal (cuSPARSE's).
+bool cover_sparse(const c10::OperatorHandle& op, const std::string& ns,
+                  const std::string& qualified) {
+  const bool cpu = op.hasKernelForDispatchKey(c10::DispatchKey::SparseCPU);
+  if (!cpu && !op.hasKernelForDispatchKey(c10::DispatchKey::SparseCUDA)) return false;
+  torch::Library& library = library_for(ns, c10::DispatchKey::SparseCUDA);
+  if (cpu) {
+    library.impl(qualified.c_str(),
+                 torch::CppFunction::makeFromBoxedFunction<&run_on_sparse_cpu>());
+  } else {
+    library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&not_simulated>());
+  }
+  return true;
+}
+
+}  // namespace
+
 int cover_operators() {
   static std::mutex mutex;
-  static std::set<std::string> covered;                               // "name.overload"
-  static std::unordered_map<std::string, torch::Library*> libraries;  // kept: they register
+  static std::set<std::string> covered;  // "name.overload"
   std::lock_guard lock(mutex);
   at::native::_fused_sdp_choice_stub.set_cuda_dispatch_ptr(&math_attention);
   // Replacing a kernel is worth a warning each time to torch; here it is the point.
@@ -428,26 +563,11 @@ int cover_operators() {
     if (!op || !op->hasSchema()) continue;
     const std::string ns = name.name.substr(0, name.name.find("::"));
     if (skipped_namespace(ns)) continue;
-    const bool cpu =
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-    const bool cuda = op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-    if (!cpu && !cuda) continue;
-    torch::Library*& library = libraries[ns];
-    if (library == nullptr) {
-      library =
-          new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
-    }
     std::string qualified = name.name.substr(ns.size() + 2);
     if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-    if (name.name == "aten::record_stream") {
-      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&nothing>());
-    } else if (cpu) {
-      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
-    } else if (!cover_rnn_cell(*library, name.name)) {
-      library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&not_simulated>());
-    }
+    const bool dense = cover_dense(*op, ns, qualified);
+    const bool sparse = cover_sparse(*op, ns, qualified);
+    if (!dense && !sparse) continue;
     covered.insert(key);
     ++count;
   }

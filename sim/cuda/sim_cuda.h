@@ -15,8 +15,10 @@
 // - the kernels (redirect.cc): every operator's CUDA kernel becomes one that checks the
 //   devices of its tensors as CUDA's kernels do ("Expected all tensors to be on the same
 //   device, ..."), runs the operator's CPU kernel on CPU views of the same storage inside
-//   the output device's DeviceScope, and hands back tensors on the cuda device; operators
-//   with a CUDA kernel and no CPU one fail naming themselves (NotImplementedError);
+//   the output device's DeviceScope, and hands back tensors on the cuda device; sparse
+//   (COO) tensors' kernels likewise run the SparseCPU ones over CPU views of their indices
+//   and values; operators with a CUDA kernel and no CPU one fail naming themselves
+//   (refuse(): sgpu.errors.NotSimulatedError in Python);
 // - the rest of torch's CUDA seams: a cuda allocator per device (storages made or grown
 //   on cuda:N), the DDP reducer's CUDA timer, and scaled-dot-product attention's kernel
 //   choice (always the math one, which runs on CPU kernels).
@@ -28,6 +30,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/backend.h"
@@ -52,6 +55,15 @@ void cover_operators_ahead();
 
 // Whether serve() has run in this process.
 bool served();
+
+// How sim refuses what it cannot run on a simulated GPU (an operator with a CUDA kernel and
+// no CPU one, a cuda tensor of a layout it does not serve): a refusal throws. The default
+// throws c10::NotImplementedError; the Python module (python/native/module.cc), which is
+// where CUDA on sim serves, sets one that raises sgpu.errors.NotSimulatedError, which
+// torch's translation of C++ exceptions cannot give.
+using Refusal = void (*)(const std::string& message);
+void set_refusal(Refusal refusal);
+[[noreturn]] void refuse(const std::string& message);
 
 // The GPUs served; 0 before serve().
 int device_count();

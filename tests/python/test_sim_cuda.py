@@ -298,15 +298,15 @@ def test_what_cannot_be_simulated_says_so():
                 0.5, True, 0, dtype=torch.uint8, device="cuda"),
             "ipc": lambda: x.untyped_storage()._share_cuda_(),
             "sparse": lambda: torch.sparse.mm(torch.eye(3, device="cuda").to_sparse(),
-                                              torch.ones(3, 2, device="cuda")),
+                                              torch.ones(3, 2, device="cuda")).tolist(),
             "raw_alloc": lambda: torch.cuda.caching_allocator_alloc(1024),
             "jiterator": lambda: torch.cuda.jiterator._create_jit_fn(
                 "template <typename T> T f(T x) { return x; }")(x),
         }
         for name, attempt in attempts.items():
             try:
-                attempt()
-                said[name] = ""
+                ran = attempt()
+                said[name] = ran if isinstance(ran, list) else ""
             except Exception as error:  # noqa: BLE001 - each must say why, whatever its type
                 said[name] = f"{type(error).__name__}: {error}"
         # CPU inputs still compile.
@@ -323,16 +323,14 @@ def test_what_cannot_be_simulated_says_so():
     said = unsimulated.distributed()[0]
     assert said["cudnn"][0] >= 90000 and said["cudnn"][1] is False, said["cudnn"]
     assert said["data_parallel"] == [[6.0] * 4] * 2  # a batch of 6 ones, over two GPUs
-    assert said["sparse"].startswith("NotImplementedError: sgpu: aten::") and \
-        "on a sparse cuda tensor: CUDA on sim serves strided (dense) tensors only" in \
-        said["sparse"], said["sparse"]
+    assert said["sparse"] == [[1.0, 1.0]] * 3, said["sparse"]  # runs on sparse.mm's CPU kernel
     assert said["raw_alloc"].startswith("NotSimulatedError: torch.cuda.caching_allocator_alloc ")
     assert said["jiterator"].startswith("NotSimulatedError: torch.cuda.jiterator._create_jit_fn ")
     assert said["graph"].startswith("NotSimulatedError: torch.cuda.CUDAGraph ")
     assert said["nvml"].startswith("NotSimulatedError: torch.cuda.utilization ")
     assert "torch.compile (backend 'inductor') compiles GPU kernels" in said["compile"]
     assert said["cuda_only_op"].startswith(
-        "NotImplementedError: sgpu: aten::_cudnn_init_dropout_state has a CUDA kernel and no CPU")
+        "NotSimulatedError: sgpu: aten::_cudnn_init_dropout_state has a CUDA kernel and no CPU")
     assert "CUDA IPC" in said["ipc"]
     for name in ("graph", "nvml", "compile", "cuda_only_op"):
         assert "cuda backend" in said[name]
@@ -380,6 +378,85 @@ def test_an_lstm_and_a_gru_on_a_simulated_gpu_train_as_on_the_cpu():
         assert seen[case]["outputs"] < 1e-12 and seen[case]["grads"] < 1e-12, (case, seen[case])
     assert seen["half"] == "torch.float16"
     assert seen["bfloat16"] == "\"_thnn_fused_lstm_cell_cuda\" not implemented for 'BFloat16'"
+
+
+def sparse_on_cuda_and_on_the_cpu() -> dict:
+    import torch  # a local name, as in the tests above
+
+    seen = {}
+    torch.manual_seed(0)
+    dense = torch.randn(6, 5, dtype=torch.float64) * (torch.rand(6, 5) < 0.4)
+    right = torch.randn(5, 3, dtype=torch.float64)
+    for device in ("cpu", "cuda:1"):
+        torch.cuda.set_device(0)  # cuda:1's tensors are not on the current device
+        a = dense.to(device).to_sparse().requires_grad_()
+        b = right.to(device, copy=True).requires_grad_()
+        product = torch.sparse.mm(a, b)
+        (product * product).sum().backward()
+        doubled = (a.detach() + a.detach()).coalesce()
+        in_place = a.detach().clone()
+        in_place.mul_(3.0)
+        built = torch.sparse_coo_tensor(torch.tensor([[0, 2], [1, 0]], device=device),
+                                        torch.tensor([5.0, 7.0], device=device), (3, 2))
+        seen[device] = {
+            "devices": sorted({str(t.device) for t in (a, product, a.grad, doubled, built)}),
+            "layouts": [str(t.layout) for t in (a, product, a.grad, doubled)],
+            "product": product.detach().cpu(),
+            "a.grad": a.grad.to_dense().cpu(),
+            "b.grad": b.grad.cpu(),
+            "doubled": doubled.to_dense().cpu(),
+            "indices": doubled.indices().cpu(),
+            "coalesced": doubled.is_coalesced(),
+            "in_place": in_place.to_dense().cpu(),
+            "built": built.to_dense().cpu(),
+        }
+    seen["memory"] = torch.cuda.memory_allocated(1)
+    torch.cuda.set_device(0)
+    x = torch.eye(3, device="cuda")
+    refusals = {
+        "csr": lambda: x.to_sparse_csr() @ x,
+        "cuda_only_op": lambda: torch.ops.aten._cudnn_init_dropout_state(
+            0.5, True, 0, dtype=torch.uint8, device="cuda"),
+    }
+
+    class RefusedInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            torch.ops.aten._cudnn_init_dropout_state(0.5, True, 0, dtype=torch.uint8,
+                                                     device="cuda")
+            return grad
+
+    refusals["backward"] = lambda: RefusedInBackward.apply(x.requires_grad_()).sum().backward()
+    for name, attempt in refusals.items():
+        try:
+            attempt()
+            seen[name] = "ran"
+        except sgpu.NotSimulatedError as error:
+            seen[name] = f"NotSimulatedError: {error}"
+    return seen
+
+
+def test_sparse_tensors_on_a_simulated_gpu_compute_as_on_the_cpu_and_refusals_are_not_simulated():
+    seen = distributed(gpus=2, tracking=False)(sparse_on_cuda_and_on_the_cpu).distributed()[0]
+    cpu, gpu = seen["cpu"], seen["cuda:1"]
+    assert gpu["devices"] == ["cuda:1"], gpu["devices"]
+    assert gpu["layouts"] == ["torch.sparse_coo", "torch.strided", "torch.sparse_coo",
+                              "torch.sparse_coo"]
+    assert gpu["layouts"] == cpu["layouts"]
+    for key in ("product", "a.grad", "b.grad", "doubled", "indices", "in_place", "built"):
+        assert torch.equal(gpu[key], cpu[key]), key
+    assert gpu["coalesced"] and cpu["coalesced"]
+    assert seen["memory"] > 0  # the sparse tensors' parts are cuda:1's memory
+    assert seen["csr"].startswith("NotSimulatedError: sgpu: aten::") and \
+        "on a sparsecsr cuda tensor: CUDA on sim serves strided (dense) and sparse COO " \
+        "tensors only" in seen["csr"], seen["csr"]
+    assert seen["cuda_only_op"].startswith(
+        "NotSimulatedError: sgpu: aten::_cudnn_init_dropout_state has a CUDA kernel and no CPU")
+    assert seen["backward"] == seen["cuda_only_op"]
 
 
 def late_to_a_groups_first_collective() -> list:
