@@ -1,0 +1,55 @@
+// NOTE [A folded world]
+// In shape-only compute a world of many ranks can run as a few processes: the ranks that a
+// program treats alike share one process, which stands for all of them. The classes are
+// the places in a replica: with a period P (the size of one replica, a tensor-parallel
+// group for instance, or 1 for pure data parallelism), ranks r and s are alike when
+// r % P == s % P. Ranks 0 to P-1 run, one for each class, and so does the last rank of the
+// world, a second of its class, so that what the program does on one rank of a class can be
+// held against another (the assumption is checked, not trusted).
+//
+// A folded group (folded_group()) is a group of the world as its ranks see it: its size and
+// ranks are the world's, and its transport connects only its members that run. A collective
+// on data completes as it would with every member there, each member that does not run
+// contributing what its stand-in (the running rank of its class in the group) contributes:
+// an all-gather's slot of rank 9 holds rank 1's tensor when P is 8, an all-reduce sums
+// every member's, stand-ins counted once for each rank they stand for. Operations on fake
+// tensors never reach it (MovingNoBytes completes them above it, once the running members
+// agree on what they called, through the folded group's all-gather). What no running member
+// of a group can stand for (a member whose class has no running rank in the group, a
+// transfer to a rank that does not run, a scatter from one) fails naming the rank, the group
+// and what to do: run without folding.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <vector>
+
+namespace sgpu::sim {
+
+struct Fold {
+  int world = 0;
+  int period = 0;            // ranks r and s are alike when r % period == s % period
+  std::vector<int> running;  // the ranks that run, ascending
+
+  // ConfigError unless 1 <= period <= world and period divides world.
+  static Fold plan(int world, int period);
+  bool runs(int rank) const;
+  // The running rank that stands for `rank` among `members` (global ranks): itself if it
+  // runs, else the first running member of its class in `members`' order; -1 when no
+  // running member is of its class.
+  int stand_in(int rank, const std::vector<int>& members) const;
+  // "9 processes stood for 64 ranks: ranks 0 to 7, one for each place in a replica of 8,
+  // and rank 63, a second of its place"
+  std::string summary() const;
+};
+
+// Rank `rank` (a global rank, one of `members`, running) of the group of `members` (global
+// ranks, in the group's order) in world `fold`, over `transport`: a group of the members
+// that run, in the same order, ready to use.
+c10::intrusive_ptr<c10d::Backend> folded_group(c10::intrusive_ptr<c10d::Backend> transport,
+                                               const Fold& fold, std::vector<int> members,
+                                               int rank);
+
+}  // namespace sgpu::sim
