@@ -94,20 +94,14 @@ class FoldedGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     one(tensors, "all_reduce");
-    const std::vector<at::Tensor> got = exchange(tensors[0]);
-    std::vector<at::Tensor> each;
-    for (int i = 0; i < getSize(); ++i) each.push_back(of(i, got));
-    tensors[0].copy_(reduced(each, opts.reduceOp));
+    tensors[0].copy_(every_members_reduced(tensors[0], opts.reduceOp));
     return collectives::completed_work(c10::IValue(tensors));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     one(tensors, "reduce");
-    const std::vector<at::Tensor> got = exchange(tensors[0]);
-    std::vector<at::Tensor> each;
-    for (int i = 0; i < getSize(); ++i) each.push_back(of(i, got));
-    const at::Tensor result = reduced(each, opts.reduceOp);
+    const at::Tensor result = every_members_reduced(tensors[0], opts.reduceOp);
     if (getRank() == opts.rootRank) tensors[0].copy_(result);
     return collectives::completed_work(c10::IValue(tensors));
   }
@@ -243,6 +237,14 @@ class FoldedGroup final : public c10d::Backend {
       }
     }
     return acc;
+  }
+
+  // Every member's `t` (its stand-in's), reduced.
+  at::Tensor every_members_reduced(const at::Tensor& t, const c10d::ReduceOp& op) {
+    const std::vector<at::Tensor> got = exchange(t);
+    std::vector<at::Tensor> each;
+    for (int i = 0; i < getSize(); ++i) each.push_back(of(i, got));
+    return reduced(each, op);
   }
 
   // The transport's rank for group rank `peer`, which must run.
