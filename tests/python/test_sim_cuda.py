@@ -411,6 +411,22 @@ def sparse_on_cuda_and_on_the_cpu() -> dict:
             "built": built.to_dense().cpu(),
         }
     seen["memory"] = torch.cuda.memory_allocated(1)
+    # Sparse gradients: an embedding and a bag trained by optimizers that take them.
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 4, sparse=True).to(device)
+        bag = torch.nn.EmbeddingBag(10, 4, sparse=True, mode="sum").to(device)
+        sgd = torch.optim.SGD(embedding.parameters(), lr=0.1)
+        adagrad = torch.optim.Adagrad(bag.parameters())
+        tokens = torch.tensor([[1, 2, 4], [4, 3, 9]], device=device)
+        for _ in range(2):
+            (embedding(tokens).pow(2).sum() + bag(tokens).sum()).backward()
+            sgd.step()
+            adagrad.step()
+        seen[f"embeddings on {device}"] = {
+            "weights": [embedding.weight.detach().cpu(), bag.weight.detach().cpu()],
+            "grad": (str(embedding.weight.grad.layout), str(embedding.weight.grad.device)),
+        }
     torch.cuda.set_device(0)
     x = torch.eye(3, device="cuda")
     refusals = {
@@ -451,6 +467,9 @@ def test_sparse_tensors_on_a_simulated_gpu_compute_as_on_the_cpu_and_refusals_ar
         assert torch.equal(gpu[key], cpu[key]), key
     assert gpu["coalesced"] and cpu["coalesced"]
     assert seen["memory"] > 0  # the sparse tensors' parts are cuda:1's memory
+    on_cpu, on_gpu = seen["embeddings on cpu"], seen["embeddings on cuda"]
+    assert on_gpu["grad"] == ("torch.sparse_coo", "cuda:0")
+    assert all(torch.equal(g, c) for g, c in zip(on_gpu["weights"], on_cpu["weights"]))
     assert seen["csr"].startswith("NotSimulatedError: sgpu: aten::") and \
         "on a sparsecsr cuda tensor: CUDA on sim serves strided (dense) and sparse COO " \
         "tensors only" in seen["csr"], seen["csr"]
