@@ -15,7 +15,7 @@
 
 namespace sgpu::sim {
 
-Fold Fold::plan(int world, int period) {
+Fold Fold::plan(int world, int period, bool second_of_a_place) {
   if (period < 1 || world < 1 || period > world || world % period != 0) {
     throw ConfigError("a world of " + std::to_string(world) +
                       " ranks cannot fold into replicas of " + std::to_string(period) +
@@ -23,7 +23,7 @@ Fold Fold::plan(int world, int period) {
   }
   Fold fold{world, period, {}};
   for (int r = 0; r < period; ++r) fold.running.push_back(r);
-  if (world > period) fold.running.push_back(world - 1);
+  if (second_of_a_place && world > period) fold.running.push_back(world - 1);
   return fold;
 }
 
@@ -43,7 +43,9 @@ std::string Fold::summary() const {
   s += period == 1 ? "rank 0 for every rank"
                    : "ranks 0 to " + std::to_string(period - 1) +
                          ", one for each place in a replica of " + std::to_string(period);
-  if (world > period) s += ", and rank " + std::to_string(world - 1) + ", a second of its place";
+  if (runs(world - 1) && world > period) {
+    s += ", and rank " + std::to_string(world - 1) + ", a second of its place";
+  }
   return s;
 }
 

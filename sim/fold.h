@@ -1,11 +1,13 @@
 // NOTE [A folded world]
 // In shape-only compute a world of many ranks can run as a few processes: the ranks that a
 // program treats alike share one process, which stands for all of them. The classes are
-// the places in a replica: with a period P (the size of one replica, a tensor-parallel
-// group for instance, or 1 for pure data parallelism), ranks r and s are alike when
-// r % P == s % P. Ranks 0 to P-1 run, one for each class, and so does the last rank of the
-// world, a second of its class, so that what the program does on one rank of a class can be
-// held against another (the assumption is checked, not trusted).
+// the places in a replica: with a period P (the size of one replica), ranks r and s are
+// alike when r % P == s % P. Ranks 0 to P-1 run, one for each class, and, where the plan
+// asks for one, the last rank of the world, a second of its class, so that what the program
+// does on one rank of a class can be held against another. The launcher folds a simulated
+// world's nodes (sim_fold, launcher::folds_nodes): P is a node's ranks, node 0's run, each
+// standing for its place on every node, with no second yet (docs/simulation.md, "A folded
+// world").
 //
 // A folded group (folded_group()) is a group of the world as its ranks see it: its size and
 // ranks are the world's, and its transport connects only its members that run. A collective
@@ -33,8 +35,9 @@ struct Fold {
   int period = 0;            // ranks r and s are alike when r % period == s % period
   std::vector<int> running;  // the ranks that run, ascending
 
-  // ConfigError unless 1 <= period <= world and period divides world.
-  static Fold plan(int world, int period);
+  // ConfigError unless 1 <= period <= world and period divides world. With
+  // `second_of_a_place` false, the first replica's ranks alone run.
+  static Fold plan(int world, int period, bool second_of_a_place = true);
   bool runs(int rank) const;
   // The running rank that stands for `rank` among `members` (global ranks): itself if it
   // runs, else the first running member of its class in `members`' order; -1 when no

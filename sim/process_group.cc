@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "sgpu/errors.h"
 #include "sim/cuda/sim_cuda.h"
 #include "sim/faults.h"
+#include "sim/fold.h"
 #include "sim/node_spec.h"
 #include "sim/shm/shm_backend.h"
 #include "sim/sim_backend.h"
@@ -218,6 +220,15 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
       std::string(contract::kPlatformVar) + "=" + platform,
       std::string(contract::kSimComputeVar) + "=" +
           (computes_shapes(options) ? "shapes" : "values")};
+  if (options.sim_fold) {
+    if (!computes_shapes(options)) {
+      throw ConfigError(contract::spell("sim_fold") +
+                        " runs node 0's ranks for every node's, which holds where tensors carry "
+                        "shapes only: give it with " +
+                        contract::spell("sim_compute", "shapes"));
+    }
+    variables.push_back(std::string(contract::find_option("sim_fold")->env) + "=on");
+  }
   const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return variables;
   parse_faults(plan, world_of(options));  // ConfigError before anything starts
@@ -264,21 +275,53 @@ class SimGroups final : public backend::ProcessGroupFactory {
       const backend::ProcessGroupRequest& request) const override;
 };
 
+// The group of `request` in a folded world (NOTE [A folded world]): its members that run, and
+// this rank's place among them, where the rank's world is folded; nullopt where it is not
+// (SGPU_SIM_FOLD off, or a world of one node, which has nothing to fold).
+struct FoldedPlace {
+  Fold fold;
+  std::vector<int> members;  // the group's global ranks
+  cuda::Meeting running;     // this rank among the group's running members
+};
+
+std::optional<FoldedPlace> folded_place(const backend::ProcessGroupRequest& request) {
+  if (!contract::environment_flag("sim_fold", false)) return std::nullopt;
+  const contract::RankEnvironment env = contract::read_rank_environment();
+  if (env.local_world_size <= 0 || env.world_size <= env.local_world_size) return std::nullopt;
+  FoldedPlace place{Fold::plan(env.world_size, env.local_world_size, false), request.members, {}};
+  if (place.members.empty()) {
+    for (int r = 0; r < env.world_size; ++r) place.members.push_back(r);
+  }
+  const int me = place.members.at(static_cast<std::size_t>(request.rank));
+  for (int m : place.members) {
+    if (m == me) place.running.rank = place.running.size;
+    if (place.fold.runs(m)) ++place.running.size;
+  }
+  return place;
+}
+
 c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     const backend::ProcessGroupRequest& request) const {
   if (request.node_world_rank >= 0) join_world_faults(request.node_world_rank);
+  const std::optional<FoldedPlace> folded = folded_place(request);
+  // The transport connects the group's ranks, or in a folded world its running members.
+  const cuda::Meeting meeting =
+      folded ? folded->running : cuda::Meeting{request.rank, request.world_size};
   c10::intrusive_ptr<c10d::Backend> group;
   if (rank_transport() == Transport::kShm) {
-    group = shm::make_shm_backend(request.store, request.rank, request.world_size, request.timeout,
+    group = shm::make_shm_backend(request.store, meeting.rank, meeting.size, request.timeout,
                                   shm::sizes_from_environment());
   } else {
-    group =
-        collectives::gloo_group(request.store, request.rank, request.world_size, request.timeout);
+    group = collectives::gloo_group(request.store, meeting.rank, meeting.size, request.timeout);
+  }
+  if (folded) {
+    group = folded_group(std::move(group), folded->fold, folded->members,
+                         folded->members.at(static_cast<std::size_t>(request.rank)));
   }
   if (rank_computes_shapes()) group = c10::make_intrusive<MovingNoBytes>(std::move(group));
   if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
     group = cuda::for_cuda_tensors(std::move(group), request.store,
-                                   rank_transport() == Transport::kGloo, request.as_nccl);
+                                   rank_transport() == Transport::kGloo, request.as_nccl, meeting);
   }
   if (request.record) group = request.record(std::move(group));
   if (rank_faults().faults.empty()) return group;

@@ -612,7 +612,12 @@ class DistributedFunction:
             server_imports=_server_imports(self._function),
         )
         nodes = _native.nodes_here(options)
-        call = start(options) if nodes is None else _EveryNode(options, nodes, start)
+        if nodes is None:
+            call = start(options)
+        elif _native.sim_fold(options):  # one launch: node 0's ranks stand for every node's
+            call = start(dict(options, nnodes=nodes[0], gpus=nodes[1]))
+        else:
+            call = _EveryNode(options, nodes, start)
         _show_link_in_notebook(name, call.tracking_link)
         return Handle(call, name, max_bytes)
 

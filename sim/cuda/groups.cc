@@ -405,10 +405,11 @@ class SelfMail {
 class CudaGroup final : public c10d::Backend {
  public:
   CudaGroup(c10::intrusive_ptr<c10d::Backend> inner, c10::intrusive_ptr<c10d::Store> store,
-            bool views, bool nccl)
+            bool views, bool nccl, const Meeting& meeting)
       : c10d::Backend(inner->getRank(), inner->getSize()),
         inner_(std::move(inner)),
-        check_(std::move(store), getRank(), getSize()),
+        check_(std::move(store), meeting.size > 0 ? meeting.rank : getRank(),
+               meeting.size > 0 ? meeting.size : getSize()),
         views_(views),
         nccl_(nccl) {}
 
@@ -646,8 +647,10 @@ class CudaGroup final : public c10d::Backend {
 
 c10::intrusive_ptr<c10d::Backend> for_cuda_tensors(c10::intrusive_ptr<c10d::Backend> group,
                                                    c10::intrusive_ptr<c10d::Store> store,
-                                                   bool cpu_views, bool as_nccl) {
-  return c10::make_intrusive<CudaGroup>(std::move(group), std::move(store), cpu_views, as_nccl);
+                                                   bool cpu_views, bool as_nccl,
+                                                   const Meeting& meeting) {
+  return c10::make_intrusive<CudaGroup>(std::move(group), std::move(store), cpu_views, as_nccl,
+                                        meeting);
 }
 
 }  // namespace sgpu::sim::cuda

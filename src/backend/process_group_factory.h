@@ -10,6 +10,7 @@
 #include <functional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -23,6 +24,8 @@ struct ProcessGroupRequest {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
   int world_size = 1;
+  // The group's global ranks, in its order; empty: every rank of the world, in order.
+  std::vector<int> members;
   int device_index = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // Applied by the factory to the transport's group, beneath anything that stands for the

@@ -88,7 +88,8 @@ void end_the_rest(std::vector<Node>& nodes) {
 }  // namespace
 
 bool every_node_here(const Options& options) {
-  return options.nnodes > 1 && launcher::nodes_may_be_here(options);
+  // A folded world is one launch (NOTE [A folded world]).
+  return options.nnodes > 1 && launcher::nodes_may_be_here(options) && !options.sim_fold;
 }
 
 int run_every_node(Options options, int argc, char** argv,

@@ -105,6 +105,12 @@ constexpr OptionRow kRows[] = {
      "`SGPU_SIM_COMPUTE`, else `\"values\"`", "SGPU_SIM_COMPUTE", "--sim-compute",
      "what a Python rank on `sim` computes: `\"values\"`, or `\"shapes\"` (no data)",
      SGPU_SET(sim_compute, as_text), EnvRule::kStandsIn, "values|shapes", SGPU_EMPTY(sim_compute)},
+    {"sim_fold", OptionType::kBool,
+     "True (node 0's ranks stand for every node's) or False (every rank runs)", "false",
+     "SGPU_SIM_FOLD", "--sim-fold",
+     "in shape-only compute over several `sim` nodes, run node 0's ranks only, each standing "
+     "for its place on every node",
+     SGPU_SET(sim_fold, as_flag), EnvRule::kDecides},
     {"sim_cuda", OptionType::kBool,
      "True (a rank's cuda devices are the simulated GPUs) or False (CPU)", "true", "SGPU_SIM_CUDA",
      "", "a Python rank's `cuda` devices on `sim` are the node's GPUs, served by the CPU",

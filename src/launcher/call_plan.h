@@ -35,6 +35,9 @@ struct CallPlan {
   std::vector<std::string> backend_env;  // what the backend sets in every rank
   backend::Selection selection;          // the devices, on this node
   std::string sim_node;                  // the simulated node's spec; empty on a real one
+  // A folded world's nodes (NOTE [A folded world] in sim/fold.h): this one launch, node 0's
+  // ranks, stands for that many; 1 for a launch that does not fold.
+  int folded_nodes = 1;
 };
 
 // Steps 2-3 for `program`'s ranks under resolved `options`.

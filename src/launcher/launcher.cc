@@ -25,6 +25,7 @@
 #include "contract/atomic_file.h"
 #include "contract/collective_ring.h"
 #include "contract/front_end.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "launcher/accounting.h"
@@ -91,6 +92,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
         link_(std::move(link)),
         nodes_(link_ ? link_->plan() : NodePlan{}),
+        folded_nodes_(plan.folded_nodes),
         node_host_(link_ ? link_->host_name() : std::string()) {}
 
   ~CallImpl() override {
@@ -239,7 +241,18 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     };
     return end;
   }
-  int world_size() const { return options_.gpus * nodes_.nnodes; }
+  int world_size() const { return options_.gpus * world_nodes(); }
+  // The world's nodes: the launch's, or those a folded launch stands for.
+  int world_nodes() const { return nodes_.nnodes * folded_nodes_; }
+
+  // What a folded launch stood for (NOTE [A folded world] in sim/fold.h); "" for another.
+  std::string folded_summary() const {
+    if (folded_nodes_ <= 1) return "";
+    return "sgpu: " + std::to_string(options_.gpus) + " processes stood for " +
+           std::to_string(world_size()) + " ranks: node 0's, each for its place on every one of " +
+           std::to_string(world_nodes()) + " simulated nodes (" + contract::spell("sim_fold") +
+           ")\n";
+  }
 
   // The rank's environment (launcher/rank_environment.h).
   std::vector<std::string> rank_env(const RankSlot& slot) const {
@@ -250,7 +263,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     rank.world_size = world_size();
     rank.local_world_size = options_.gpus;
     rank.node_rank = nodes_.node_rank;
-    rank.group_world_size = nodes_.nnodes;
+    rank.group_world_size = world_nodes();
     rank.master_addr = link_ ? nodes_.host : store_->host();
     rank.master_port = link_ ? nodes_.port : store_->port();
     rank.role = program_->role();
@@ -572,7 +585,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
       for (const std::string& line :
-           {comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
+           {folded_summary(), comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
         if (line.empty()) continue;
         if (console_) {
           console_(STDERR_FILENO, line);
@@ -612,6 +625,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   std::unique_ptr<rendezvous::HostStore> store_;
   std::unique_ptr<NodeLink> link_;      // several nodes: this node's link to the others
   const NodePlan nodes_;                // this node's place; one node without a link
+  const int folded_nodes_;              // CallPlan::folded_nodes
   const std::string node_host_;         // this node's host name, several nodes
   std::vector<RankFailure> peer_rows_;  // the other nodes' ranks, from their reports
   std::vector<std::string> peer_logs_;  // where the other nodes keep their logs
@@ -641,7 +655,7 @@ std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const Ra
   request.tracking_uri = options.tracking_uri;
   request.experiment = options.experiment;
   request.gpus = options.gpus;
-  request.nnodes = std::max(options.nnodes, 1);
+  request.nnodes = std::max(options.nnodes, 1) * plan.folded_nodes;
   request.timeout = options.timeout;
   request.backend = plan.backend;
   request.gpu_type = plan.selection.gpu_type;
@@ -677,9 +691,14 @@ std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const Ra
 
 std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const Options& given,
                                     const WorkerCall& front = {}) {
+  // A folded world (NOTE [A folded world] in sim/fold.h) is one node's launch, node 0's
+  // ranks standing for every node's.
+  const int folded_nodes = folds_nodes(contract::with_environment(given)) ? given.nnodes : 1;
+  Options one = given;
+  if (folded_nodes > 1) one.nnodes = 1;
   // This node's place (NOTE [Several nodes]); the options carry it from here on.
-  const NodePlan nodes = plan_nodes(given);
-  Options options = resolve_options(given, nodes);
+  const NodePlan nodes = plan_nodes(one);
+  Options options = resolve_options(one, nodes);
   // Over several nodes every node reaches node 0's store before anything else, so that
   // a node that cannot serve the launch stops all of them before any rank starts.
   std::unique_ptr<NodeLink> link;
@@ -692,6 +711,7 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
     throw;
   }
   if (link) link->agree("");  // every node can serve the launch, or this throws
+  plan.folded_nodes = folded_nodes;
   std::unique_ptr<tracking::CallRun> tracking = begin_tracking(plan, *program, front, link.get());
   try {
     const std::filesystem::path run_dir = make_run_dir(plan.options);

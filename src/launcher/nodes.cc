@@ -285,6 +285,17 @@ bool nodes_may_be_here(const Options& options, const EnvLookup& env) {
          options.rdzv_id.empty() && !detect(env).has_value();
 }
 
+bool folds_nodes(const Options& options, const EnvLookup& env) {
+  if (!options.sim_fold) return false;
+  if (!nodes_may_be_here(options, env)) {
+    throw ConfigError(contract::spell("sim_fold") +
+                      " folds the nodes of a simulated world on this machine: it needs the sim "
+                      "backend, and no node rank, rendezvous endpoint or id, nor a launcher "
+                      "(torchrun, Slurm, MPI) around it that places this node");
+  }
+  return options.nnodes > 1;
+}
+
 NodePlan plan_nodes(const Options& options, const EnvLookup& env) {
   using contract::spell;
   if (options.nnodes < 0) {

@@ -58,6 +58,13 @@ NodePlan plan_nodes(const Options& options, const EnvLookup& env = process_env);
 // (torchrun's, Slurm's, Open MPI's or PMI's variables).
 bool nodes_may_be_here(const Options& options, const EnvLookup& env = process_env);
 
+// Whether a launch with `options` (the environment's overrides applied) runs its simulated
+// nodes folded (NOTE [A folded world] in sim/fold.h): sim_fold, over several nodes that may
+// be here; node 0's ranks run, standing for every node's. sim_fold where the nodes may not be
+// here (another backend, a node rank, endpoint or id given, an engine around it) is a
+// ConfigError: only a simulated world on one machine folds.
+bool folds_nodes(const Options& options, const EnvLookup& env = process_env);
+
 // Slurm's compressed host list, in order: "n[1-3,07],gpu-a" is n1 n2 n3 n07 gpu-a (a
 // range keeps its first number's zero padding). Throws ConfigError on a malformed list.
 std::vector<std::string> expand_hostlist(std::string_view list);

@@ -89,6 +89,7 @@ c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request) {
     group.node_world_rank = request.rank;
   }
   const int world_size = on_node ? g_node_world.size : env.world_size;
+  group.members = request.members;
   contract::RingGroup recorded =
       ring_group(request.size, request.rank, std::move(request.members), world_size);
   group.store = std::move(request.store);

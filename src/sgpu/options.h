@@ -93,6 +93,10 @@ struct Options {
                                    // a Python rank's tensors carry shapes and no data, and its
                                    // collectives move no bytes (docs/simulation.md, "Shape-only
                                    // compute"); empty: SGPU_SIM_COMPUTE, else "values"
+  bool sim_fold = false;           // in shape-only compute over several simulated nodes, only
+                                   // node 0's ranks run, each standing for its place on every
+                                   // node (NOTE [A folded world]); SGPU_SIM_FOLD=on|off
+                                   // overrides
   bool sim_cuda = true;            // a Python rank's cuda devices on sim are the node's GPUs
                                    // served by the CPU; false: CPU devices, as a C++ rank's;
                                    // SGPU_SIM_CUDA=on|off overrides

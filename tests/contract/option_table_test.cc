@@ -169,6 +169,8 @@ TEST(OptionTable, EveryVariableActsOnAGivenOptionAsItsRuleHasAlwaysSaid) {
        [](const sgpu::Options& o) { return o.hang_timeout == sgpu::kNoTimeout; }, true},
       {"SGPU_SIM_CUDA", "on", [](sgpu::Options& o) { o.sim_cuda = false; },
        [](const sgpu::Options& o) { return o.sim_cuda; }, true},
+      {"SGPU_SIM_FOLD", "on", [](sgpu::Options& o) { o.sim_fold = false; },
+       [](const sgpu::Options& o) { return o.sim_fold; }, true},
       {"SGPU_START_METHOD", "exec",
        [](sgpu::Options& o) { o.start_method = sgpu::StartMethod::kForkServer; },
        [](const sgpu::Options& o) { return o.start_method == sgpu::StartMethod::kExec; }, true},

@@ -526,3 +526,106 @@ def test_a_crash_on_the_second_simulated_node_ends_every_node_with_it():
     assert isinstance(caught.value, ValueError) and "rank 9 gives up" in str(caught.value)
     error = distributed_error(caught.value)
     assert error.root_cause.rank == 9, str(error)
+
+
+def fsdp_steps_on_a_mesh(width: int, hybrid: bool) -> dict:
+    """Two FSDP2 steps of a small MLP sharded over every rank, or (hybrid) within each node
+    and replicated across nodes; the rank's place, its shard and its memory peaks."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    nodes, per_node = int(os.environ["GROUP_WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if hybrid:
+        mesh = init_device_mesh("cuda", (nodes, per_node), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cuda", (nodes * per_node,))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(3)]).cuda()
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(16, width, device="cuda")).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    seen = {"place": (dist.get_rank(), dist.get_world_size(), int(os.environ["GROUP_RANK"])),
+            "shard": tuple(model[0].weight.to_local().shape),
+            "peaks": (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())}
+    dist.destroy_process_group()
+    return seen
+
+
+def recorded(handle) -> list:
+    """Each rank's collectives per group and op: (count, bytes, predicted seconds)."""
+    return [{group: {op: (t["count"], t["bytes"], t["predicted_seconds"]) for op, t in ops.items()}
+             for group, ops in rank.items()} for rank in handle.comm_stats()]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_a_folded_world_records_for_its_ranks_what_the_whole_world_records(hybrid, capfd):
+    # NOTE [A folded world]: 2 simulated nodes of 2 GPUs, in shapes; folded, node 0's two
+    # processes stand for all 4 ranks, and each records what it records with every rank
+    # there: its places, shards, collectives (counts, bytes, predicted times) and peaks.
+    import sgpu
+
+    def launch(fold: bool):
+        nodes = {"sim_node": "2xH100", "gpus": 4} if hybrid else {"gpus": 2, "nnodes": 2}
+        return sgpu.distributed(**nodes, tracking=False, sim_compute="shapes", sim_fold=fold,
+                                timeout=120)(
+            fsdp_steps_on_a_mesh).launch(64, hybrid)
+
+    whole = launch(False)
+    every_rank = whole.result()
+    assert [seen["place"] for seen in every_rank] == [(r, 4, r // 2) for r in range(4)]
+    capfd.readouterr()
+    folded = launch(True)
+    assert folded.result() == every_rank[:2]
+    assert recorded(folded) == recorded(whole)[:2]
+    assert [stats["allocated_bytes.all.peak"] for stats in folded.memory_stats()] == \
+        [stats["allocated_bytes.all.peak"] for stats in whole.memory_stats()[:2]]
+    assert "sgpu: 2 processes stood for 4 ranks: node 0's, each for its place on every one of " \
+        "2 simulated nodes" in capfd.readouterr().err
+
+
+def test_folding_is_refused_where_it_cannot_hold():
+    import sgpu
+
+    with pytest.raises(sgpu.ConfigError, match=r"sim_fold.* runs node 0's ranks for every node's, "
+                                                r"which holds where tensors carry shapes only"):
+        sgpu.distributed(gpus=2, nnodes=2, tracking=False, sim_fold=True)(
+            places_and_a_sum).distributed()
+    with pytest.raises(sgpu.ConfigError, match=r"sim_fold.* folds the nodes of a simulated world "
+                                                r"on this machine"):
+        sgpu.distributed(gpus=2, nnodes=2, node_rank=0, tracking=False, sim_compute="shapes",
+                         sim_fold=True)(places_and_a_sum).distributed()
+
+
+def test_one_command_folds_a_simulated_worlds_nodes_into_node_0s_ranks(tmp_path):
+    # sgpu run --sim-fold: one launch, node 0's two ranks, each in its place among 6 ranks on
+    # 3 nodes, its all-reduce over the whole world.
+    places = script(tmp_path, """
+        import os
+        import torch
+        import torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        dist.all_reduce(torch.ones(4, device="cuda"))
+        names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "GROUP_RANK"]
+        print("place", *[os.environ[n] for n in names], dist.get_world_size(), flush=True)
+        dist.destroy_process_group()
+        """)
+    env = dict(os.environ, SGPU_TRACKING="off", SGPU_RUNS_DIR=str(tmp_path / "runs"))
+    done = subprocess.run([SGPU, "run", "--backend", "sim", "--nproc-per-node", "2", "--nnodes",
+                           "3", "--sim-compute", "shapes", "--sim-fold", "--", *places], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    seen = sorted(line.split("place ", 1)[1] for line in done.stdout.splitlines()
+                  if "place " in line)
+    assert seen == ["0 0 6 3 0 6", "1 1 6 3 0 6"]
+    assert "sgpu: 2 processes stood for 6 ranks: node 0's, each for its place on every one of " \
+        "3 simulated nodes (--sim-fold)" in done.stderr
+    assert "all_reduce 1 calls" in done.stderr
