@@ -6,8 +6,11 @@
 // asks for one, the last rank of the world, a second of its class, so that what the program
 // does on one rank of a class can be held against another. The launcher folds a simulated
 // world's nodes (sim_fold, launcher::folds_nodes): P is a node's ranks, node 0's run, each
-// standing for its place on every node, with no second yet (docs/simulation.md, "A folded
-// world").
+// standing for its place on every node, and the world's last rank runs as a second, whose
+// collectives and memory peaks the launcher holds against node 0's rank of its place at the
+// end (docs/simulation.md, "A folded world"). In shape-only compute the running members of a
+// group agree on each collective through its transport (MovingNoBytes), so the second's
+// groups need no stand-ins for fake tensors.
 //
 // A folded group (folded_group()) is a group of the world as its ranks see it: its size and
 // ranks are the world's, and its transport connects only its members that run. A collective

@@ -96,9 +96,21 @@ void join_world_faults(int rank) {
 // naming the ranks that differ as the shared-memory transport's own check does, and a
 // rank that never comes leaves the others waiting at it, where the hang watchdog names it.
 // A transfer (send, recv) completes at once.
+//
+// In a folded world (NOTE [A folded world]) the ranks that meet are the group's running
+// members, through `meeting`, the transport beneath the folded group; `ranks` gives each
+// one's group rank, for the mismatch's words.
 class MovingNoBytes final : public collectives::InterposingBackend {
  public:
-  using InterposingBackend::InterposingBackend;
+  explicit MovingNoBytes(c10::intrusive_ptr<c10d::Backend> inner)
+      : InterposingBackend(inner), meeting_(std::move(inner)) {
+    for (int r = 0; r < meeting_->getSize(); ++r) ranks_.push_back(r);
+  }
+  MovingNoBytes(c10::intrusive_ptr<c10d::Backend> inner, c10::intrusive_ptr<c10d::Backend> meeting,
+                std::vector<int> ranks)
+      : InterposingBackend(std::move(inner)),
+        meeting_(std::move(meeting)),
+        ranks_(std::move(ranks)) {}
 
   // Its future holds the tensors, as a transport's does: DDP's reducer reads them there.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -148,19 +160,20 @@ class MovingNoBytes final : public collectives::InterposingBackend {
     std::vector<at::Tensor> inputs{
         at::from_blob(mine.data(), {kSignatureBytes}, at::kByte).clone()};
     std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < getSize(); ++r)
+    for (int r = 0; r < meeting_->getSize(); ++r)
       outputs[0].push_back(at::empty({kSignatureBytes}, at::kByte));
-    inner().allgather(outputs, inputs)->wait();
+    meeting_->allgather(outputs, inputs)->wait();
     std::vector<std::pair<std::string, std::vector<int>>> called;  // by what they called
-    for (int r = 0; r < getSize(); ++r) {
+    for (int r = 0; r < meeting_->getSize(); ++r) {
       const auto* bytes = static_cast<const char*>(outputs[0][r].data_ptr());
       std::string theirs(bytes, strnlen(bytes, kSignatureBytes));
       auto it = std::find_if(called.begin(), called.end(),
                              [&](const auto& c) { return c.first == theirs; });
+      const int rank = ranks_[static_cast<std::size_t>(r)];
       if (it == called.end()) {
-        called.push_back({theirs, {r}});
+        called.push_back({theirs, {rank}});
       } else {
-        it->second.push_back(r);
+        it->second.push_back(rank);
       }
     }
     if (called.size() == 1) return;
@@ -168,6 +181,9 @@ class MovingNoBytes final : public collectives::InterposingBackend {
                     shm::collective_mismatch(called) + " (shape-only compute, rank " +
                         std::to_string(getRank()) + " of " + std::to_string(getSize()) + ")");
   }
+
+  c10::intrusive_ptr<c10d::Backend> meeting_;
+  std::vector<int> ranks_;  // by the meeting's rank, the group rank
 
   // The tensors an all-reduce's future holds, from allreduce() to around() on this thread.
   static inline thread_local c10::IValue held_;
@@ -282,20 +298,24 @@ struct FoldedPlace {
   Fold fold;
   std::vector<int> members;  // the group's global ranks
   cuda::Meeting running;     // this rank among the group's running members
+  std::vector<int> ranks;    // the running members' group ranks
 };
 
 std::optional<FoldedPlace> folded_place(const backend::ProcessGroupRequest& request) {
   if (!contract::environment_flag("sim_fold", false)) return std::nullopt;
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.local_world_size <= 0 || env.world_size <= env.local_world_size) return std::nullopt;
-  FoldedPlace place{Fold::plan(env.world_size, env.local_world_size, false), request.members, {}};
+  FoldedPlace place{Fold::plan(env.world_size, env.local_world_size), request.members, {}, {}};
   if (place.members.empty()) {
     for (int r = 0; r < env.world_size; ++r) place.members.push_back(r);
   }
   const int me = place.members.at(static_cast<std::size_t>(request.rank));
-  for (int m : place.members) {
+  for (std::size_t i = 0; i < place.members.size(); ++i) {
+    const int m = place.members[i];
     if (m == me) place.running.rank = place.running.size;
-    if (place.fold.runs(m)) ++place.running.size;
+    if (!place.fold.runs(m)) continue;
+    ++place.running.size;
+    place.ranks.push_back(static_cast<int>(i));
   }
   return place;
 }
@@ -315,10 +335,15 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
     group = collectives::gloo_group(request.store, meeting.rank, meeting.size, request.timeout);
   }
   if (folded) {
+    c10::intrusive_ptr<c10d::Backend> transport = group;
     group = folded_group(std::move(group), folded->fold, folded->members,
                          folded->members.at(static_cast<std::size_t>(request.rank)));
+    // Shapes only (sim_fold's rule): the running members agree on each collective.
+    group =
+        c10::make_intrusive<MovingNoBytes>(std::move(group), std::move(transport), folded->ranks);
+  } else if (rank_computes_shapes()) {
+    group = c10::make_intrusive<MovingNoBytes>(std::move(group));
   }
-  if (rank_computes_shapes()) group = c10::make_intrusive<MovingNoBytes>(std::move(group));
   if (cuda::served()) {  // Gloo takes CPU tensors only; shared memory the cuda ones as they are
     group = cuda::for_cuda_tensors(std::move(group), request.store,
                                    rank_transport() == Transport::kGloo, request.as_nccl, meeting);

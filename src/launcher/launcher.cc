@@ -25,6 +25,7 @@
 #include "contract/atomic_file.h"
 #include "contract/collective_ring.h"
 #include "contract/front_end.h"
+#include "contract/node_memory.h"
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
@@ -69,6 +70,52 @@ namespace {
 
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
+
+// Where `second` (a folded world's second of a place) did not do what `first`, of the same
+// place on node 0, did (NOTE [A folded world] in sim/fold.h): their collectives, group by
+// group in the order each made its groups (the group's size, each op's count and bytes),
+// then their memory peaks; "" where they are alike.
+std::string unlike(int first_rank, int second_rank,
+                   const std::optional<contract::RingSnapshot>& first,
+                   const std::optional<contract::RingSnapshot>& second,
+                   const MemoryStats& first_memory, const MemoryStats& second_memory) {
+  const std::string a = "rank " + std::to_string(first_rank);
+  const std::string b = "rank " + std::to_string(second_rank);
+  if (first && second) {
+    if (first->groups.size() != second->groups.size()) {
+      return a + " made " + std::to_string(first->groups.size()) + " process groups and " + b +
+             " " + std::to_string(second->groups.size());
+    }
+    for (std::size_t g = 0; g < first->groups.size() && g < first->totals.size(); ++g) {
+      if (first->groups[g].size != second->groups[g].size) {
+        return a + "'s group " + first->groups[g].name + " has " +
+               std::to_string(first->groups[g].size) + " ranks, " + b + "'s " +
+               second->groups[g].name + " " + std::to_string(second->groups[g].size);
+      }
+      for (std::size_t op = 0; op < contract::kCollectiveOps; ++op) {
+        const contract::OpTotals& x = first->totals[g][op];
+        const contract::OpTotals& y = second->totals.at(g)[op];
+        if (x.count == y.count && x.bytes == y.bytes) continue;
+        const std::string name(contract::op_name(static_cast<contract::CollectiveOp>(op)));
+        const auto times = [](const contract::OpTotals& t) {
+          return std::to_string(t.count) + (t.count == 1 ? " time (" : " times (") +
+                 std::to_string(t.bytes) + " bytes)";
+        };
+        return name + ": " + a + " called it " + times(x) + " in its group " +
+               first->groups[g].name + ", " + b + " " + times(y) + " in its group " +
+               second->groups[g].name;
+      }
+    }
+  }
+  for (const char* key : {"allocated_bytes.all.peak", "reserved_bytes.all.peak"}) {
+    const auto x = first_memory.find(key);
+    const auto y = second_memory.find(key);
+    if (x == first_memory.end() || y == second_memory.end() || x->second == y->second) continue;
+    return std::string(key) + ": " + std::to_string(x->second) + " on " + a + ", " +
+           std::to_string(y->second) + " on " + b;
+  }
+  return "";
+}
 
 class CallImpl final : public detail::Call, private MonitorHooks {
  public:
@@ -245,13 +292,35 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   // The world's nodes: the launch's, or those a folded launch stands for.
   int world_nodes() const { return nodes_.nnodes * folded_nodes_; }
 
-  // What a folded launch stood for (NOTE [A folded world] in sim/fold.h); "" for another.
-  std::string folded_summary() const {
+  // What a folded launch stood for (NOTE [A folded world] in sim/fold.h), `held` where its
+  // second of a place did what the first did; "" for a launch that does not fold.
+  std::string folded_summary(bool held) const {
     if (folded_nodes_ <= 1) return "";
-    return "sgpu: " + std::to_string(options_.gpus) + " processes stood for " +
+    return "sgpu: " + std::to_string(slots_.size()) + " processes stood for " +
            std::to_string(world_size()) + " ranks: node 0's, each for its place on every one of " +
-           std::to_string(world_nodes()) + " simulated nodes (" + contract::spell("sim_fold") +
-           ")\n";
+           std::to_string(world_nodes()) + " simulated nodes, and rank " +
+           std::to_string(world_size() - 1) + ", which did " + (held ? "" : "not do ") +
+           "what rank " + std::to_string(options_.gpus - 1) + " did (" +
+           contract::spell("sim_fold") + ")\n";
+  }
+
+  // In a folded world, where its second of a place (the last slot, the world's last rank)
+  // did not do what the first of that place on node 0 did: the call's error, which says that
+  // the folding does not hold; none where they are alike or the world is not folded.
+  std::exception_ptr folding_unheld(const std::vector<MemoryStats>& memory) const {
+    if (folded_nodes_ <= 1) return nullptr;
+    const std::size_t second = slots_.size() - 1;
+    const std::size_t first = static_cast<std::size_t>(options_.gpus - 1);
+    const auto ring = [&](std::size_t i) {
+      return contract::read_collective_ring(slots_[i].folder.collective_ring());
+    };
+    const std::string why = unlike(slots_[first].rank, slots_[second].rank, ring(first),
+                                   ring(second), memory[first], memory[second]);
+    if (why.empty()) return nullptr;
+    return std::make_exception_ptr(
+        Error("sgpu: the folded world does not hold: " + why + ". Node 0's ranks cannot stand " +
+              "for every node's where the program does not run its nodes alike: run it " +
+              "unfolded (without " + contract::spell("sim_fold") + ")"));
   }
 
   // The rank's environment (launcher/rank_environment.h).
@@ -262,7 +331,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     rank.local_rank = slot.local_rank;
     rank.world_size = world_size();
     rank.local_world_size = options_.gpus;
-    rank.node_rank = nodes_.node_rank;
+    rank.node_rank = slot.rank / options_.gpus;
     rank.group_world_size = world_nodes();
     rank.master_addr = link_ ? nodes_.host : store_->host();
     rank.master_port = link_ ? nodes_.port : store_->port();
@@ -277,6 +346,9 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     rank.recorder_entries = options_.recorder_entries;
     plan.run_id = link_ ? nodes_.id : run_dir_.filename().string();
     program_->add_environment(slot, plan.program);
+    // A rank of another node (a folded world's second of a place) has that node's GPUs:
+    // their memory is not this node's (NOTE [A node's shared device memory]).
+    if (rank.node_rank != nodes_.node_rank) plan.program.push_back({contract::kNodeMemoryVar, ""});
     plan.tracking =
         tracking_ ? tracking_->rank_environment() : tracking::untracked_rank_environment();
     plan.backend = backend_env_;
@@ -299,11 +371,23 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     return false;
   }
 
+  // This launch's ranks: its node's, and in a folded world the last rank too, a second of
+  // its place (NOTE [A folded world] in sim/fold.h).
+  std::vector<int> launched_ranks() const {
+    std::vector<int> ranks;
+    for (int local = 0; local < options_.gpus; ++local)
+      ranks.push_back(nodes_.node_rank * options_.gpus + local);
+    if (folded_nodes_ > 1) ranks.push_back(world_size() - 1);
+    return ranks;
+  }
+
   void start_ranks() {
-    slots_.resize(static_cast<std::size_t>(options_.gpus));
-    for (int local = 0; local < options_.gpus; ++local) {
-      RankSlot& slot = slots_[static_cast<std::size_t>(local)];
-      const int rank = nodes_.node_rank * options_.gpus + local;
+    const std::vector<int> ranks = launched_ranks();
+    slots_.resize(ranks.size());
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      RankSlot& slot = slots_[i];
+      const int rank = ranks[i];
+      const int local = rank % options_.gpus;
       slot.rank = rank;
       slot.local_rank = local;
       slot.device_index = selection_.device_indices[static_cast<std::size_t>(local)];
@@ -580,12 +664,14 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       compute.push_back(
           serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
+    const std::exception_ptr unheld = folding_unheld(memory);
+    if (!error) error = unheld;
     const bool shapes = std::any_of(compute.begin(), compute.end(),
                                     [](const ComputeStats& c) { return !c.ops.empty(); });
     if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
-      for (const std::string& line :
-           {folded_summary(), comm_summary(comm, whose), compute_summary(compute, comm, whose)}) {
+      for (const std::string& line : {folded_summary(!unheld), comm_summary(comm, whose),
+                                      compute_summary(compute, comm, whose)}) {
         if (line.empty()) continue;
         if (console_) {
           console_(STDERR_FILENO, line);

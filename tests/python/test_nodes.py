@@ -568,8 +568,9 @@ def recorded(handle) -> list:
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_a_folded_world_records_for_its_ranks_what_the_whole_world_records(hybrid, capfd):
     # NOTE [A folded world]: 2 simulated nodes of 2 GPUs, in shapes; folded, node 0's two
-    # processes stand for all 4 ranks, and each records what it records with every rank
-    # there: its places, shards, collectives (counts, bytes, predicted times) and peaks.
+    # processes stand for all 4 ranks, and rank 3 runs too, a second of rank 1's place; each
+    # records what it records with every rank there: its places, shards, collectives
+    # (counts, bytes, predicted times) and peaks.
     import sgpu
 
     def launch(fold: bool):
@@ -583,12 +584,14 @@ def test_a_folded_world_records_for_its_ranks_what_the_whole_world_records(hybri
     assert [seen["place"] for seen in every_rank] == [(r, 4, r // 2) for r in range(4)]
     capfd.readouterr()
     folded = launch(True)
-    assert folded.result() == every_rank[:2]
-    assert recorded(folded) == recorded(whole)[:2]
+    ran = [0, 1, 3]
+    assert folded.result() == [every_rank[r] for r in ran]
+    assert recorded(folded) == [recorded(whole)[r] for r in ran]
+    peaks = [stats["allocated_bytes.all.peak"] for stats in whole.memory_stats()]
     assert [stats["allocated_bytes.all.peak"] for stats in folded.memory_stats()] == \
-        [stats["allocated_bytes.all.peak"] for stats in whole.memory_stats()[:2]]
-    assert "sgpu: 2 processes stood for 4 ranks: node 0's, each for its place on every one of " \
-        "2 simulated nodes" in capfd.readouterr().err
+        [peaks[r] for r in ran]
+    assert "sgpu: 3 processes stood for 4 ranks: node 0's, each for its place on every one of " \
+        "2 simulated nodes, and rank 3, which did what rank 1 did" in capfd.readouterr().err
 
 
 def test_folding_is_refused_where_it_cannot_hold():
@@ -625,7 +628,37 @@ def test_one_command_folds_a_simulated_worlds_nodes_into_node_0s_ranks(tmp_path)
     assert done.returncode == 0, done.stderr
     seen = sorted(line.split("place ", 1)[1] for line in done.stdout.splitlines()
                   if "place " in line)
-    assert seen == ["0 0 6 3 0 6", "1 1 6 3 0 6"]
-    assert "sgpu: 2 processes stood for 6 ranks: node 0's, each for its place on every one of " \
-        "3 simulated nodes (--sim-fold)" in done.stderr
+    assert seen == ["0 0 6 3 0 6", "1 1 6 3 0 6", "5 1 6 3 2 6"]
+    assert "sgpu: 3 processes stood for 6 ranks: node 0's, each for its place on every one of " \
+        "3 simulated nodes, and rank 5, which did what rank 1 did (--sim-fold)" in done.stderr
     assert "all_reduce 1 calls" in done.stderr
+
+
+def reduces_more_on_the_last_node() -> int:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    # Each node's group: ranks 0 and 1, ranks 2 and 3.
+    nodes = [dist.new_group([2 * node, 2 * node + 1]) for node in range(2)]
+    node = nodes[int(os.environ["GROUP_RANK"])]
+    calls = 2 if os.environ["GROUP_RANK"] == "1" else 1  # a node that does more
+    for _ in range(calls):
+        dist.all_reduce(torch.ones(4, device="cuda"), group=node)
+    dist.destroy_process_group()
+    return calls
+
+
+def test_a_program_whose_nodes_do_not_run_alike_does_not_fold():
+    # The last rank, a second of its place, did more than the first of that place: the call
+    # fails saying where, rather than give node 0's figures for every node's.
+    import sgpu
+
+    with pytest.raises(sgpu.errors.Error,
+                       match=r"the folded world does not hold: all_reduce: rank 1 called it 1 "
+                             r"time \(16 bytes\) in its group ranks 0,1, rank 3 2 times \(32 "
+                             r"bytes\) in its group ranks 2,3\. .* run it unfolded \(without "
+                             r"sim_fold"):
+        sgpu.distributed(gpus=2, nnodes=2, tracking=False, sim_compute="shapes", sim_fold=True,
+                         timeout=120)(reduces_more_on_the_last_node).distributed()
