@@ -37,18 +37,6 @@ int Fold::stand_in(int rank, const std::vector<int>& members) const {
   return -1;
 }
 
-std::string Fold::summary() const {
-  std::string s =
-      std::to_string(running.size()) + " processes stood for " + std::to_string(world) + " ranks: ";
-  s += period == 1 ? "rank 0 for every rank"
-                   : "ranks 0 to " + std::to_string(period - 1) +
-                         ", one for each place in a replica of " + std::to_string(period);
-  if (runs(world - 1) && world > period) {
-    s += ", and rank " + std::to_string(world - 1) + ", a second of its place";
-  }
-  return s;
-}
-
 namespace {
 
 int position(const std::vector<int>& ranks, int rank) {

@@ -27,7 +27,6 @@
 
 #include <c10/util/intrusive_ptr.h>
 
-#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
@@ -46,9 +45,6 @@ struct Fold {
   // runs, else the first running member of its class in `members`' order; -1 when no
   // running member is of its class.
   int stand_in(int rank, const std::vector<int>& members) const;
-  // "9 processes stood for 64 ranks: ranks 0 to 7, one for each place in a replica of 8,
-  // and rank 63, a second of its place"
-  std::string summary() const;
 };
 
 // Rank `rank` (a global rank, one of `members`, running) of the group of `members` (global
