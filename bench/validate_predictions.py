@@ -2,7 +2,8 @@
 
 Each row is a training run someone measured on real GPUs and published (the source named),
 run again here as the same model and configuration on simulated GPUs in shape-only compute
-(examples/models/llama_step.py under `sgpu run --backend sim`), so that the step time and
+(examples/models/llama_step.py under `sgpu run --backend sim`; a row of several nodes as a
+folded world, node 0's ranks standing for every node's: `--sim-fold`), so that the step time and
 tokens per second per GPU the compute and collective models predict, and the peak reserved
 memory the allocator model gives, stand beside what was measured, with the error of each.
 
@@ -12,8 +13,8 @@ memory the allocator model gives, stand beside what was measured, with the error
 It compares against the published figures in ROWS, nothing measured here. A row says
 whether its figures were used to set the model's tables (calibrated) or not; the mean
 absolute error is given for each kind apart, and only the second says how far a new
-configuration can be trusted. Rows the models do not cover (torch.compile, float8, more
-nodes than one) are listed as not modelled rather than predicted as something else.
+configuration can be trusted. Rows the models do not cover (torch.compile, float8) are
+listed as not modelled rather than predicted as something else.
 
 `--json FILE` writes each predicted row as a Google Benchmark row for `ci/bench-compare
 --counters-only` (the predicted step, `model_step_ms`, and tokens per second,
@@ -56,9 +57,11 @@ class Row:
     args: tuple = ()             # llama_step.py's arguments
     calibrated: bool = False     # its figures set the model's tables
     not_modelled: str = ""       # why it is not predicted
+    nodes: int = 1               # nodes of `node`; several run folded (--sim-fold)
 
     @property
     def gpus(self) -> int:
+        """A node's GPUs."""
         return int(self.node.split("x")[0])
 
 
@@ -93,9 +96,9 @@ ROWS = [
         "the same with torch.compile and Float8", 8532, 76.8,
         not_modelled="torch.compile, float8 (torchao)"),
     Row("torchtitan-8b-fsdp-128", f"{TORCHTITAN}, Table 3",
-        "Llama 3.1 8B, FSDP, 128 H100s (16 nodes), batch 2 x 8192, selective AC", 5605, 67.0,
-        not_modelled="128 ranks: more processes than one machine holds until ranks that "
-                     "run alike fold into one (the network between nodes is modelled)"),
+        "Llama 3.1 8B, FSDP, 128 H100 96GB 500 W (16 nodes), batch 2 x 8192, selective AC",
+        5605, 67.0, "8xH100:95GiB@h100-96gb-500w",
+        ("--size", "8B", "--batch", "2", "--seq", "8192", "--ac", "selective"), nodes=16),
     mpt_row(LLM_FOUNDRY, "H100", "760m", 24, 2048, 63147, accumulate=2),
     mpt_row(LLM_FOUNDRY, "H100", "1b", 14, 2048, 45455),
     mpt_row(LLM_FOUNDRY, "H100", "7b", 6, 2048, 10643),
@@ -130,8 +133,9 @@ def predict(row: Row, timeout: float = 1800) -> Prediction:
     """Runs the row's configuration on its simulated node, two steps (the second with the
     optimizer's state held, as in a long run), and reads the second's figures."""
     env = dict(os.environ, SGPU_SIM=row.node, SGPU_SIM_COMPUTE="shapes", SGPU_TRACKING="off")
-    command = [*sgpu_command(), str(row.gpus), "--", sys.executable, str(STEP), *row.args,
-               "--steps", "2"]
+    nodes = ["--nnodes", str(row.nodes), "--sim-fold"] if row.nodes > 1 else []
+    command = [*sgpu_command(), str(row.gpus), *nodes, "--", sys.executable, str(STEP),
+               *row.args, "--steps", "2"]
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start

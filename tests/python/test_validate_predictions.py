@@ -1,6 +1,7 @@
 """bench/validate_predictions.py, the validation table's script: its errors and means, its
 table, a row run end to end on simulated GPUs, and the gate that sees a moved prediction."""
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -89,3 +90,17 @@ def test_a_row_runs_on_simulated_gpus_and_the_gate_sees_a_moved_prediction(tmp_p
     changed = subprocess.run([*compare, str(baseline), str(moved)], capture_output=True, text=True)
     assert changed.returncode == 1, changed.stdout + changed.stderr
     assert "model_step_ms" in changed.stdout + changed.stderr
+
+
+@needs_cli
+def test_a_row_of_several_nodes_runs_folded_and_its_ranks_shard_over_every_node():
+    v = script()
+    one = v.Row("one", "here", "MPT debug size, 2 GPUs", 1000, None, "2xH100",
+                ("--size", "mpt-debug", "--batch", "2", "--seq", "64", "--loss", "fused"))
+    two = dataclasses.replace(one, id="two", nodes=2)
+    alone, folded = v.predict(one, timeout=300), v.predict(two, timeout=300)
+    # One micro-batch of 2 x 64 tokens a GPU, on 2 GPUs or on 4 across 2 nodes: the same
+    # compute a GPU; the folded world's shards are half as large and cross the network.
+    assert folded.tokens_per_s == pytest.approx(128 / folded.step_seconds, rel=1e-2)
+    assert folded.step_seconds != alone.step_seconds
+    assert folded.reserved_gib <= alone.reserved_gib
