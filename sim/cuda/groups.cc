@@ -408,8 +408,7 @@ class CudaGroup final : public c10d::Backend {
             bool views, bool nccl, const Meeting& meeting)
       : c10d::Backend(inner->getRank(), inner->getSize()),
         inner_(std::move(inner)),
-        check_(std::move(store), meeting.size > 0 ? meeting.rank : getRank(),
-               meeting.size > 0 ? meeting.size : getSize()),
+        check_(std::move(store), meeting.rank, meeting.size),
         views_(views),
         nccl_(nccl) {}
 

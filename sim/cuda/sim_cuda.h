@@ -87,15 +87,15 @@ void set_memory_fraction(int device, double fraction);
 // group) it refuses what torch's ProcessGroupNCCL refuses, in its words (a reduce op NCCL has
 // not, a dtype NCCL has not, a tensor that is not contiguous), and runs what NCCL runs that
 // the transport has not: PREMUL_SUM as a multiply and a sum, float8 reductions in float32.
-// `meeting`: the ranks that compare GPUs at `store`, where they are not the group's own (a
-// folded world's group, whose running members meet: NOTE [A folded world]).
+// `meeting`: the ranks that compare GPUs at `store`: the group's own, or a folded world's
+// group's running members (NOTE [A folded world]).
 struct Meeting {
-  int rank = -1;
-  int size = 0;  // 0: the group's rank and size
+  int rank = 0;
+  int size = 0;
 };
 c10::intrusive_ptr<c10d::Backend> for_cuda_tensors(c10::intrusive_ptr<c10d::Backend> group,
                                                    c10::intrusive_ptr<c10d::Store> store,
                                                    bool cpu_views, bool as_nccl,
-                                                   const Meeting& meeting = {});
+                                                   const Meeting& meeting);
 
 }  // namespace sgpu::sim::cuda
