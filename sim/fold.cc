@@ -29,6 +29,14 @@ Fold Fold::plan(int world, int period, bool second_of_a_place) {
 
 bool Fold::runs(int rank) const { return std::binary_search(running.begin(), running.end(), rank); }
 
+std::vector<int> Fold::running_of(const std::vector<int>& members) const {
+  std::vector<int> out;
+  for (int m : members) {
+    if (runs(m)) out.push_back(m);
+  }
+  return out;
+}
+
 int Fold::stand_in(int rank, const std::vector<int>& members) const {
   if (runs(rank)) return rank;
   for (int m : members) {
@@ -49,10 +57,8 @@ class FoldedGroup final : public c10d::Backend {
               std::vector<int> members, int rank)
       : Backend(position(members, rank), static_cast<int>(members.size())),
         transport_(std::move(transport)),
-        members_(std::move(members)) {
-    for (int m : members_) {
-      if (fold.runs(m)) running_.push_back(m);
-    }
+        members_(std::move(members)),
+        running_(fold.running_of(members_)) {
     for (int m : members_) {
       const int s = fold.stand_in(m, members_);
       source_.push_back(s < 0 ? -1 : position(running_, s));

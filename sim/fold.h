@@ -41,6 +41,8 @@ struct Fold {
   // `second_of_a_place` false, the first replica's ranks alone run.
   static Fold plan(int world, int period, bool second_of_a_place = true);
   bool runs(int rank) const;
+  // The ranks of `members` (global ranks) that run, in `members`' order.
+  std::vector<int> running_of(const std::vector<int>& members) const;
   // The running rank that stands for `rank` among `members` (global ranks): itself if it
   // runs, else the first running member of its class in `members`' order; -1 when no
   // running member is of its class.

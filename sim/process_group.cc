@@ -297,6 +297,7 @@ class SimGroups final : public backend::ProcessGroupFactory {
 struct FoldedPlace {
   Fold fold;
   std::vector<int> members;  // the group's global ranks
+  int rank = 0;              // this rank's global rank
   cuda::Meeting running;     // this rank among the group's running members
   std::vector<int> ranks;    // the running members' group ranks
 };
@@ -305,18 +306,18 @@ std::optional<FoldedPlace> folded_place(const backend::ProcessGroupRequest& requ
   if (!contract::environment_flag("sim_fold", false)) return std::nullopt;
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.local_world_size <= 0 || env.world_size <= env.local_world_size) return std::nullopt;
-  FoldedPlace place{Fold::plan(env.world_size, env.local_world_size), request.members, {}, {}};
-  if (place.members.empty()) {
-    for (int r = 0; r < env.world_size; ++r) place.members.push_back(r);
+  FoldedPlace place{Fold::plan(env.world_size, env.local_world_size), request.members, 0, {}, {}};
+  std::vector<int>& members = place.members;
+  if (members.empty()) {
+    for (int r = 0; r < env.world_size; ++r) members.push_back(r);
   }
-  const int me = place.members.at(static_cast<std::size_t>(request.rank));
-  for (std::size_t i = 0; i < place.members.size(); ++i) {
-    const int m = place.members[i];
-    if (m == me) place.running.rank = place.running.size;
-    if (!place.fold.runs(m)) continue;
-    ++place.running.size;
-    place.ranks.push_back(static_cast<int>(i));
+  place.rank = members.at(static_cast<std::size_t>(request.rank));
+  for (int m : place.fold.running_of(members)) {
+    if (m == place.rank) place.running.rank = static_cast<int>(place.ranks.size());
+    place.ranks.push_back(
+        static_cast<int>(std::find(members.begin(), members.end(), m) - members.begin()));
   }
+  place.running.size = static_cast<int>(place.ranks.size());
   return place;
 }
 
@@ -336,8 +337,7 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
   }
   if (folded) {
     c10::intrusive_ptr<c10d::Backend> transport = group;
-    group = folded_group(std::move(group), folded->fold, folded->members,
-                         folded->members.at(static_cast<std::size_t>(request.rank)));
+    group = folded_group(std::move(group), folded->fold, folded->members, folded->rank);
     // Shapes only (sim_fold's rule): the running members agree on each collective.
     group =
         c10::make_intrusive<MovingNoBytes>(std::move(group), std::move(transport), folded->ranks);
