@@ -12,6 +12,7 @@
 #include "model/kernels.h"
 #include "sgpu/comm.h"
 #include "sgpu/compute.h"
+#include "sgpu/memory.h"
 
 namespace sgpu::launcher {
 
@@ -51,5 +52,15 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
 // sgpu.predicted_seconds: the compute's and the exposed collectives' predicted times added
 // up; empty when nothing was timed.
 std::map<std::string, double> compute_metrics(const ComputeStats& compute);
+
+// Where rank `second_rank` did not do what rank `first_rank` did, from what each recorded
+// (a folded world's second of a place against node 0's rank of that place: NOTE [A folded
+// world] in sim/fold.h): their collectives, group by group in the order each made its groups
+// (the group's size, each op's count and bytes), then their memory peaks; "" where they are
+// alike. Without both rings, the peaks alone.
+std::string first_difference(int first_rank, int second_rank,
+                             const std::optional<contract::RingSnapshot>& first,
+                             const std::optional<contract::RingSnapshot>& second,
+                             const MemoryStats& first_memory, const MemoryStats& second_memory);
 
 }  // namespace sgpu::launcher
