@@ -29,13 +29,15 @@ import threading
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
 _KERNELS = {"cpu": torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
             "cuda": torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)}
-_FUNCTIONAL = {"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"}
+# Functional collectives (the _c10d_functional_autograd ones have autograd kernels only,
+# which call these).
+_FUNCTIONAL = {"_c10d_functional", "_dtensor"}
 # Factories whose result is integers when no dtype is given.
 _INTEGER_FACTORIES = {torch.ops.aten.randint, torch.ops.aten.randperm}
 _RANGES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start,
@@ -203,25 +205,8 @@ class _ShapesMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "c10d":
-            # The kernel of the tensors' device, which asks the group for that device's
-            # backend, as it would for real tensors.
-            first = next((leaf for leaf in pytree.tree_leaves(args)
-                          if isinstance(leaf, torch.Tensor)), None)
-            device = first.device.type if first is not None else "cpu"
-            if device not in _KERNELS:
-                raise NotImplementedError(
-                    f"sgpu: {func} on {device} tensors: shape-only compute runs collectives "
-                    "of cpu and cuda tensors")
-            return func.redispatch(_KERNELS[device], *args, **kwargs)
-        if func.namespace in _FUNCTIONAL:
-            # Their fake kernels would answer with no collective at all: refused, never
-            # left uncounted.
-            raise NotImplementedError(
-                f"sgpu: {func} is a functional collective (torch.distributed."
-                "_functional_collectives, a DTensor's redistribution), which shape-only "
-                "compute does not run yet; run this step computing values "
-                '(sim_compute="values")')
+        if func.namespace == "c10d" or func.namespace in _FUNCTIONAL:
+            return self.collective(func, args, kwargs)
         depth = getattr(self._dispatching, "depth", 0)
         if _runs_for_real(func, args, kwargs, inside_fake=depth > 0):
             with _disable_current_modes():
@@ -244,6 +229,31 @@ class _ShapesMode(FakeTensorMode):
                     self.held[storage] = [leaf.device.index, None]
                     self.counted(storage, storage.nbytes(), func)
         return out
+
+    def collective(self, func, args, kwargs):
+        """A c10d operation goes to the kernel of its tensors' device, which asks the group
+        for that device's backend, as it would for real tensors. A functional collective
+        (torch.distributed._functional_collectives: a DTensor's redistribution, tensor
+        parallelism's) runs torch's own kernel for the device with this mode on: the
+        output it makes is a fake tensor of this GPU's memory, the collective it issues is
+        a c10d operation that comes back here, and its wait (wait_tensor) waits for that
+        collective's Work, as on the node. Their fake kernels would answer with no
+        collective at all. A tensor subclass among the arguments (a functional
+        collective's AsyncCollectiveTensor) unwraps itself first, as it would with no mode
+        on: the group's backend takes tensors."""
+        tensors = [leaf for leaf in pytree.tree_leaves(args) if isinstance(leaf, torch.Tensor)]
+        if any(is_traceable_wrapper_subclass(t) for t in tensors):
+            return NotImplemented
+        first = tensors[0] if tensors else None
+        device = first.device.type if first is not None else "cpu"
+        if device not in _KERNELS:
+            raise NotImplementedError(
+                f"sgpu: {func} on {device} tensors: shape-only compute runs collectives "
+                "of cpu and cuda tensors")
+        if func.namespace == "c10d":
+            return func.redispatch(_KERNELS[device], *args, **kwargs)
+        with self:
+            return func.redispatch(_KERNELS[device], *args, **kwargs)
 
     def timed(self, func, args, kwargs, out) -> None:
         """One operator on a GPU into the rank's compute estimate: its FLOPs, the bytes it
@@ -273,6 +283,33 @@ class _ShapesMode(FakeTensorMode):
                 entry[1] = self._count(entry[0], size)
             except torch.OutOfMemoryError as error:
                 raise torch.OutOfMemoryError(f"{error} (shape-only compute, at {where})") from None
+
+
+@contextlib.contextmanager
+def _functional_collectives_eager():
+    """A functional collective returns, in eager, a tensor that waits for its collective at
+    its first use (AsyncCollectiveTensor), so that compute issued before overlaps it; where
+    torch traces a program it waits at once, and torch takes any fake tensor mode for a
+    tracer's. Shape-only compute runs the program eagerly: its mode is not taken for one."""
+    from torch.distributed import _functional_collectives as funcol
+
+    tracing = funcol._are_we_tracing
+    fake = torch._C._TorchDispatchModeKey.FAKE
+
+    def tracing_but_for_shapes() -> bool:
+        if not isinstance(torch._C._get_dispatch_mode(fake), _ShapesMode):
+            return tracing()
+        mode = torch._C._unset_dispatch_mode(fake)
+        try:
+            return tracing()
+        finally:
+            torch._C._set_dispatch_mode(mode)
+
+    funcol._are_we_tracing = tracing_but_for_shapes
+    try:
+        yield
+    finally:
+        funcol._are_we_tracing = tracing
 
 
 @contextlib.contextmanager
@@ -495,7 +532,8 @@ def shapes_only():
     _entered += 1
     try:
         with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), _saves_refused(), \
-                _loads_integers(), _objects_as_bookkeeping(), mode:
+                _loads_integers(), _objects_as_bookkeeping(), _functional_collectives_eager(), \
+                mode:
             yield
     finally:
         _entered -= 1

@@ -2,7 +2,7 @@
 and its collectives move no bytes, yet each is counted, sized and timed as the real one,
 and each fake storage is its GPU's memory. The law: a training step records exactly the
 collectives, bytes and predicted times in shapes that it records computing values, for
-DDP, FSDP2 and ZeRO on 2, 4 and 8 ranks; an FSDP2 step peaks where the real one does; the
+DDP, FSDP2, ZeRO and 2D (FSDP2 x tensor parallel) on 2, 4 and 8 ranks; an FSDP2 step peaks where the real one does; the
 ranks meet at each collective, so a mismatch fails (and a skipped one is named:
 test_sim_cuda.py)."""
 
@@ -31,7 +31,10 @@ def step(strategy: str, width: int) -> str:
     dist.init_process_group("nccl")
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
                                 torch.nn.Linear(width, 4)).cuda()
-    if strategy == "fsdp2":
+    if strategy == "2d":
+        model = two_dimensional(width, dist.get_world_size())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
         for layer in model:
@@ -59,6 +62,26 @@ def step(strategy: str, width: int) -> str:
     return str(loss.device)
 
 
+def two_dimensional(width: int, world: int):
+    """torchtitan's 2D parallelism on a small MLP: tensor parallel over pairs of ranks (the
+    first layer split by columns, the second by rows with its output split over the batch,
+    the last by columns from that split: functional all-reduces, reduce-scatters and
+    all-gathers of DTensor redistributions), then FSDP2 across the pairs."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh("cuda", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, width), torch.nn.Linear(width, 4)).cuda()
+    parallelize_module(model, mesh["tp"], {
+        "0": ColwiseParallel(), "2": RowwiseParallel(output_layouts=Shard(0)),
+        "3": ColwiseParallel(input_layouts=Shard(0), output_layouts=Replicate())})
+    return fully_shard(model, mesh=mesh["dp"])
+
+
 def recorded(compute: str, gpus: int, strategy: str) -> list:
     """Each rank's collectives per group and op: (count, bytes, predicted seconds)."""
     call = distributed(gpus=gpus, tracking=False, sim_compute=compute)(step).launch(strategy, 96)
@@ -70,10 +93,10 @@ def recorded(compute: str, gpus: int, strategy: str) -> list:
 
 
 @pytest.mark.parametrize("gpus", [2, 4, 8])
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero", "2d"])
 def test_a_shape_only_step_records_the_collectives_of_the_real_one_exactly(strategy, gpus):
     values = recorded("values", gpus, strategy)
-    assert values[0]["world"], "the step made no collective"
+    assert any(values[0].values()), "the step made no collective"
     assert recorded("shapes", gpus, strategy) == values
 
 
@@ -169,7 +192,10 @@ def test_a_value_asked_of_a_fake_tensor_fails_naming_the_operator():
     assert "aten._local_scalar_dense" in error.root_cause.message
 
 
-def test_a_functional_collective_is_refused_never_left_uncounted():
+def test_functional_collectives_run_in_shapes_and_their_outputs_are_the_gpus_memory():
+    """Each functional collective is the group's collective, counted and sized as the c10d
+    one; its output is a fake tensor of the rank's GPU, of the shape the real one has."""
+
     @distributed(gpus=2, tracking=False, sim_compute="shapes")
     def functional():
         import torch.distributed as dist
@@ -177,14 +203,25 @@ def test_a_functional_collective_is_refused_never_left_uncounted():
 
         torch.cuda.set_device(sgpu.get_local_rank())
         dist.init_process_group("nccl")
-        return funcol.all_reduce(torch.randn(4, device="cuda"), "sum", dist.group.WORLD).shape
+        x = torch.randn(1024, 256, device="cuda")
+        before = torch.cuda.memory_allocated()
+        gathered = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+        reduced = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        scattered = funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD)
+        shapes = [tuple(t.wait().shape) for t in (gathered, reduced, scattered)]
+        held = torch.cuda.memory_allocated() - before
+        return shapes, str(gathered.device), held, type(gathered.elem).__name__
 
-    with pytest.raises(Exception) as caught:
-        functional.distributed()
-    root = distributed_error(caught.value).root_cause
-    assert root.exception_type == "NotImplementedError", root
-    assert "_c10d_functional.all_reduce" in root.message
-    assert "is a functional collective" in root.message
+    call = functional.launch()
+    shapes, device, held, kind = call.result()[1]
+    assert shapes == [(2048, 256), (1024, 256), (512, 256)]
+    assert device == "cuda:1" and kind == "FakeTensor"
+    assert held == (2048 + 1024 + 512) * 256 * 4  # each output, as the caching allocator holds it
+    ops = call.comm_stats()[1]["world"]
+    assert ops["all_gather_into_tensor_coalesced"]["count"] == 1, ops
+    assert ops["all_gather_into_tensor_coalesced"]["bytes"] == 2048 * 256 * 4, ops  # nccl-tests'
+    assert ops["all_reduce"]["bytes"] == 1024 * 256 * 4, ops
+    assert ops["reduce_scatter_tensor_coalesced"]["count"] == 1, ops
 
 
 def test_bookkeeping_stays_real_in_shapes():
