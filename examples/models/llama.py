@@ -1,6 +1,6 @@
 """A Llama-style decoder built from its configuration, with no weights to download: the
-shapes of Llama 3's 8B and 70B (and a debug size that computes on a CPU), for training steps
-on simulated GPUs.
+shapes of Llama 3's 8B, 70B and 405B (and a debug size that computes on a CPU), for training
+steps on simulated GPUs.
 
     from llama import CONFIGS, Transformer, build, shard, train_step
 
@@ -12,6 +12,8 @@ on simulated GPUs.
     shard(model, mesh, checkpoint_activations=True)   # FSDP2 per block, then the root
 
     model = build(CONFIGS["8B"], mesh)           # on meta, sharded, then each rank's shards
+    mesh = init_device_mesh("cuda", (64, 8), mesh_dim_names=("dp", "tp"))
+    model = build(CONFIGS["405B"], mesh)         # 2D: tensor parallel in 8, FSDP2 over 64
     train_step(model, torch.optim.AdamW(model.parameters()), batch=1, seq=2048)
 
 The layers are Llama's: token embedding, blocks of RMSNorm, grouped-query attention with
@@ -56,6 +58,8 @@ CONFIGS = {
                  ffn_dim_multiplier=1.3, multiple_of=1024),
     "70B": Config(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
                   ffn_dim_multiplier=1.3, multiple_of=4096),
+    "405B": Config(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256,
+                   ffn_dim_multiplier=1.2, multiple_of=4096),
 }
 
 
@@ -93,10 +97,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
 
     def forward(self, x):
+        # The heads this rank holds: all of them, or its share under tensor parallelism.
         batch, seq, _ = x.shape
-        q = rotary(self.wq(x).view(batch, seq, self.heads, self.head_dim), self.theta)
-        k = rotary(self.wk(x).view(batch, seq, self.kv_heads, self.head_dim), self.theta)
-        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim)
+        q = rotary(self.wq(x).view(batch, seq, -1, self.head_dim), self.theta)
+        k = rotary(self.wk(x).view(batch, seq, -1, self.head_dim), self.theta)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
         repeat = self.heads // self.kv_heads  # grouped-query attention
         k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -179,13 +184,29 @@ def train_step(model: Transformer, optimizer, batch: int, seq: int, accumulate: 
     for _ in range(accumulate):
         tokens = torch.randint(0, config.vocab_size, (batch, seq + 1)).cuda()
         logits = model(tokens[:, :-1])
-        if loss == "float32":
-            logits = logits.float()
-        loss_value = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        loss_value.backward()
+        with loss_context(logits):
+            if loss == "float32":
+                logits = logits.float()
+            loss_value = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss_value.backward()
     optimizer.step()
     optimizer.zero_grad()
     return loss_value
+
+
+def loss_context(logits):
+    """Under tensor parallelism the logits stay sharded over the vocabulary (a DTensor) and
+    the loss is computed on the shards, as torchtitan's loss parallelism does; otherwise
+    nothing changes."""
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(logits, DTensor):
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
 
 
 def build(config: Config, mesh, checkpoint_activations: bool | str = False,
@@ -225,13 +246,58 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def tensor_parallel(model: Transformer, mesh) -> Transformer:
+    """Tensor and sequence parallelism over `mesh` (one dimension) as torchtitan applies it
+    to Llama: the attention's and feed-forward's input projections split by columns (each
+    rank its heads, its share of the hidden width), their output projections by rows, the
+    norms' activations split over the sequence, the embedding by rows and the output
+    projection by columns, its logits left sharded over the vocabulary for the loss
+    (`train_step` computes it on the shards)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    ranks, config = mesh.size(), model.config
+    if config.n_kv_heads % ranks or config.ffn_hidden % ranks:
+        raise ValueError(f"tensor parallelism over {ranks} ranks: the model's "
+                         f"{config.n_kv_heads} key/value heads and feed-forward width "
+                         f"{config.ffn_hidden} must each be a multiple of it")
+    parallelize_module(model, mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                  use_local_output=False),
+    })
+    block_plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1),),
+                                        desired_input_layouts=(Replicate(),)),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                           desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    for layer in model.layers:
+        parallelize_module(layer, mesh, block_plan)
+    return model
+
+
 def shard(model: Transformer, mesh, checkpoint_activations: bool | str = False,
           mixed_precision: bool = False) -> Transformer:
     """FSDP2 as torchtitan applies it: each block a unit (its activations recomputed in
     backward when asked: True or "full" recomputes the whole block, "selective" as
     torchtitan's per-operator policy does), then the root (embeddings, final norm, output); with
     mixed_precision, torchtitan's default policy: parameters gathered and computed in
-    bfloat16, gradients reduced in float32."""
+    bfloat16, gradients reduced in float32. A mesh with dimensions named "dp" and "tp" is
+    torchtitan's 2D parallelism: tensor parallelism over "tp" first (`tensor_parallel`),
+    then FSDP2 over "dp"."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -241,6 +307,9 @@ def shard(model: Transformer, mesh, checkpoint_activations: bool | str = False,
     if ac not in ("none", "full", "selective"):
         raise ValueError(f"checkpoint_activations={checkpoint_activations!r}: use False or "
                          "\"none\", True or \"full\", or \"selective\"")
+    if "tp" in (mesh.mesh_dim_names or ()):
+        tensor_parallel(model, mesh["tp"])
+        mesh = mesh["dp"]
     for index, layer in enumerate(model.layers):
         if ac != "none":
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

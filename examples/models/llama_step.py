@@ -5,10 +5,15 @@ the node:
     torchrun --nproc-per-node 8 examples/models/llama_step.py --size 8B
     SGPU_SIM_COMPUTE=shapes sgpu run --backend sim --gpus 8 -- \\
         python examples/models/llama_step.py --size 8B --ac selective
+    sgpu run --backend sim --nnodes 64 --nproc-per-node 8 --sim-compute shapes --sim-fold \\
+        -- python examples/models/llama_step.py --size 405B --tp 8 --ac full
 
 The second runs it on 8 simulated H100s in shape-only compute (docs/simulation.md): no
 weights, no data, the step's collectives, peak memory and predicted time as on the node.
-It prints GPU 0's peak memory and the last step's time and tokens per second per GPU.
+The third runs Llama 3.1 405B in torchtitan's 2D parallelism (tensor parallel in each node,
+FSDP2 across 64 nodes) on 512 simulated H100s, node 0's ranks standing for every node's (a
+folded world). It prints GPU 0's peak memory and the last step's time and tokens per second
+per GPU.
 """
 
 import argparse
@@ -79,6 +84,10 @@ def main() -> None:
                         help="activation checkpointing: none, torchtitan's per-operator "
                         "selective policy, or each block's activations recomputed in backward")
     parser.add_argument("--checkpointing", action="store_true", help="the same as --ac full")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel ranks (torchtitan's 2D parallelism: tensor "
+                        "parallel over each group of this many consecutive ranks, a node's "
+                        "GPUs at 8, FSDP2 across the groups)")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--loss", choices=["float32", "fused"], default="float32",
                         help="the loss on the logits made float32 (torchtitan's), or on the "
@@ -101,8 +110,14 @@ def main() -> None:
     family = llama
     if isinstance(config, mpt.Config):
         config, family = config.at(args.seq), mpt
-    model = family.build(config, init_device_mesh("cuda", (dist.get_world_size(),)),
-                        "full" if args.checkpointing else args.ac, args.precision == "bf16")
+    world = dist.get_world_size()
+    if args.tp < 1 or world % args.tp or (args.tp > 1 and family is not llama):
+        parser.error(f"--tp {args.tp}: tensor parallelism takes a divisor of the world's "
+                     f"{world} ranks, for a Llama size")
+    mesh = (init_device_mesh("cuda", (world,)) if args.tp == 1 else
+            init_device_mesh("cuda", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp")))
+    model = family.build(config, mesh, "full" if args.checkpointing else args.ac,
+                         args.precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(args.steps):
         seconds, how = step_seconds(lambda: llama.train_step(model, optimizer, args.batch,
@@ -110,8 +125,10 @@ def main() -> None:
                                                              args.loss),
                                     args.breakdown)
     if dist.get_rank() == 0:
-        tokens = args.accum * args.batch * min(args.seq, config.max_seq_len)
-        print(f"{args.size} step on {dist.get_world_size()} GPUs: peak allocated "
+        # torchtitan's tokens per GPU: a tensor-parallel group's GPUs share its batch.
+        tokens = args.accum * args.batch * min(args.seq, config.max_seq_len) / args.tp
+        layout = f" (FSDP {world // args.tp} x TP {args.tp})" if args.tp > 1 else ""
+        print(f"{args.size} step on {world} GPUs{layout}: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
               f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0; step {args.steps} "
               f"{seconds:.4g} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU; MFU "

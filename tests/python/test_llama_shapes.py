@@ -1,7 +1,8 @@
-"""examples/models/llama.py: Llama 3's 8B and 70B built from their configurations on the meta
-device (no weights, no memory) with the published parameter counts, and its debug size
-trained under FSDP2 on 4 simulated H100s, with activation checkpointing giving the same
-steps bit for bit as without, and both the steps of one process."""
+"""examples/models/llama.py: Llama 3's 8B, 70B and 405B built from their configurations on
+the meta device (no weights, no memory) with the published parameter counts, and its debug
+size trained under FSDP2 on 4 simulated H100s, with activation checkpointing giving the same
+steps bit for bit as without, and both the steps of one process, as are its steps in 2D
+parallelism (FSDP2 x tensor parallel)."""
 
 import os
 import pathlib
@@ -18,7 +19,8 @@ import llama  # noqa: E402
 
 
 @pytest.mark.parametrize("size, parameters, hidden", [("8B", 8_030_261_248, 14336),
-                                                      ("70B", 70_553_706_496, 28672)])
+                                                      ("70B", 70_553_706_496, 28672),
+                                                      ("405B", 405_853_388_800, 53248)])
 def test_production_shapes_build_on_the_meta_device_with_their_published_sizes(size, parameters,
                                                                                hidden):
     config = llama.CONFIGS[size]
@@ -86,7 +88,13 @@ def test_the_debug_size_trains_under_fsdp2_with_and_without_activation_checkpoin
     assert checkpointed == plain  # recomputed activations: the same steps, bit for bit
     assert selective == plain
     assert all(losses == plain[0] for losses in plain)
+    alone = alone_losses()
+    assert plain[0] == pytest.approx(alone, rel=1e-4)
+    assert plain[0][-1] < plain[0][0]
 
+
+def alone_losses() -> list:
+    """The same three steps in one process, on the CPU."""
     config = llama.CONFIGS["debug"]
     torch.manual_seed(0)
     model = llama.Transformer(config)
@@ -99,8 +107,49 @@ def test_the_debug_size_trains_under_fsdp2_with_and_without_activation_checkpoin
         loss.backward()
         optimizer.step()
         alone.append(loss.item())
-    assert plain[0] == pytest.approx(alone, rel=1e-4)
-    assert plain[0][-1] < plain[0][0]
+    return alone
+
+
+def train_2d(tp: int) -> list:
+    """The same steps in torchtitan's 2D parallelism: tensor parallel over `tp` ranks, FSDP2
+    across the groups, each group its share of the batch, the loss on logits sharded over
+    the vocabulary. Each rank's losses, its group's mean over the data-parallel ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (dist.get_world_size() // tp, tp),
+                            mesh_dim_names=("dp", "tp"))
+    config = llama.CONFIGS["debug"]
+    torch.manual_seed(0)
+    model = llama.Transformer(config).cuda()
+    llama.shard(model, mesh, "selective")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    replica, replicas = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    losses = []
+    for tokens in batches(3, config):
+        mine = tokens[replica::replicas].cuda()
+        logits = model(mine[:, :-1])
+        assert isinstance(logits, DTensor) and logits.to_local().shape[-1] == config.vocab_size // tp
+        with llama.loss_context(logits):
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), mine[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+        optimizer.step()
+        total = loss.full_tensor().detach().clone()
+        dist.all_reduce(total, group=mesh["dp"].get_group())
+        losses.append(total.item() / replicas)
+    dist.destroy_process_group()
+    return losses
+
+
+def test_the_debug_size_trains_in_2d_parallelism_as_one_process_does():
+    losses = distributed(gpus=4, gpu_type="H100", tracking=False)(train_2d).distributed(2)
+    assert all(mine == losses[0] for mine in losses)
+    assert losses[0] == pytest.approx(alone_losses(), rel=1e-4)
+    assert losses[0][-1] < losses[0][0]
 
 
 def built_step(size: str, mixed_precision: bool) -> float:
@@ -149,11 +198,12 @@ def test_llama_70b_does_not_fit_eight_h100s_and_says_where_as_cuda_does():
 
 
 @needs_cli
-@pytest.mark.parametrize("checkpointing", [[], ["--checkpointing"], ["--ac", "selective"]])
+@pytest.mark.parametrize("checkpointing", [[], ["--checkpointing"], ["--ac", "selective"],
+                                           ["--ac", "full", "--tp", "2"]])
 def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointing):
     """examples/models/llama_step.py, written for torchrun, under `sgpu run` on simulated
     H100s in shape-only compute, with and without activation checkpointing (whole blocks, or
-    torchtitan's per-operator selective policy)."""
+    torchtitan's per-operator selective policy), and in 2D parallelism."""
     script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "llama_step.py"
     argv = [str(script), "--size", "debug", "--seq", "64", *checkpointing]
     code, out, err = sgpu_run(tmp_path, f"""
@@ -162,6 +212,7 @@ def test_the_example_script_steps_under_sgpu_run_in_shapes(tmp_path, checkpointi
         runpy.run_path(sys.argv[0], run_name="__main__")
     """, "--gpus", "2", "--sim-compute", "shapes", timeout=300, env={"SGPU_TRACKING": "off"})
     assert code == 0, err
-    assert "debug step on 2 GPUs: peak allocated" in out and "peak reserved" in out
+    layout = " (FSDP 1 x TP 2)" if "--tp" in checkpointing else ""
+    assert f"debug step on 2 GPUs{layout}: peak allocated" in out and "peak reserved" in out
     assert "all_gather_into_tensor" in err and "reduce_scatter_tensor" in err, err
     assert "sgpu: compute (the most of any rank): " in err, err
