@@ -7,8 +7,10 @@
 // does on one rank of a class can be held against another. The launcher folds a simulated
 // world's nodes (sim_fold, launcher::folds_nodes): P is a node's ranks, node 0's run, each
 // standing for its place on every node, and the world's last rank runs as a second, whose
-// collectives and memory peaks the launcher holds against node 0's rank of its place at the
-// end (docs/simulation.md, "A folded world"). In shape-only compute the running members of a
+// collectives the launcher holds against node 0's rank of its place at the end: where they
+// differ the call fails; where only the memory peaks differ (uneven shards), the second's
+// are its own and the summary says so (docs/simulation.md, "A folded world"). In shape-only
+// compute the running members of a
 // group agree on each collective through its transport (MovingNoBytes), so the second's
 // groups need no stand-ins for fake tensors.
 //

@@ -165,46 +165,51 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
   return line + assurance(platform, roofline, unvalidated_share) + "\n";
 }
 
-std::string first_difference(int first_rank, int second_rank,
-                             const std::optional<contract::RingSnapshot>& first,
-                             const std::optional<contract::RingSnapshot>& second,
-                             const MemoryStats& first_memory, const MemoryStats& second_memory) {
+std::string collective_difference(int first_rank, int second_rank,
+                                  const std::optional<contract::RingSnapshot>& first,
+                                  const std::optional<contract::RingSnapshot>& second) {
+  if (!first || !second) return "";
   const std::string a = "rank " + std::to_string(first_rank);
   const std::string b = "rank " + std::to_string(second_rank);
-  if (first && second) {
-    if (first->groups.size() != second->groups.size()) {
-      return a + " made " + std::to_string(first->groups.size()) + " process groups and " + b +
-             " " + std::to_string(second->groups.size());
-    }
-    for (std::size_t g = 0; g < first->groups.size() && g < first->totals.size(); ++g) {
-      if (first->groups[g].size != second->groups[g].size) {
-        return a + "'s group " + first->groups[g].name + " has " +
-               std::to_string(first->groups[g].size) + " ranks, " + b + "'s " +
-               second->groups[g].name + " " + std::to_string(second->groups[g].size);
-      }
-      for (std::size_t op = 0; op < contract::kCollectiveOps; ++op) {
-        const contract::OpTotals& x = first->totals[g][op];
-        const contract::OpTotals& y = second->totals.at(g)[op];
-        if (x.count == y.count && x.bytes == y.bytes) continue;
-        const std::string name(contract::op_name(static_cast<contract::CollectiveOp>(op)));
-        const auto times = [](const contract::OpTotals& t) {
-          return std::to_string(t.count) + (t.count == 1 ? " time (" : " times (") +
-                 std::to_string(t.bytes) + " bytes)";
-        };
-        return name + ": " + a + " called it " + times(x) + " in its group " +
-               first->groups[g].name + ", " + b + " " + times(y) + " in its group " +
-               second->groups[g].name;
-      }
-    }
+  if (first->groups.size() != second->groups.size()) {
+    return a + " made " + std::to_string(first->groups.size()) + " process groups and " + b + " " +
+           std::to_string(second->groups.size());
   }
-  for (const char* key : {"allocated_bytes.all.peak", "reserved_bytes.all.peak"}) {
-    const auto x = first_memory.find(key);
-    const auto y = second_memory.find(key);
-    if (x == first_memory.end() || y == second_memory.end() || x->second == y->second) continue;
-    return std::string(key) + ": " + std::to_string(x->second) + " on " + a + ", " +
-           std::to_string(y->second) + " on " + b;
+  for (std::size_t g = 0; g < first->groups.size() && g < first->totals.size(); ++g) {
+    if (first->groups[g].size != second->groups[g].size) {
+      return a + "'s group " + first->groups[g].name + " has " +
+             std::to_string(first->groups[g].size) + " ranks, " + b + "'s " +
+             second->groups[g].name + " " + std::to_string(second->groups[g].size);
+    }
+    for (std::size_t op = 0; op < contract::kCollectiveOps; ++op) {
+      const contract::OpTotals& x = first->totals[g][op];
+      const contract::OpTotals& y = second->totals.at(g)[op];
+      if (x.count == y.count && x.bytes == y.bytes) continue;
+      const std::string name(contract::op_name(static_cast<contract::CollectiveOp>(op)));
+      const auto times = [](const contract::OpTotals& t) {
+        return std::to_string(t.count) + (t.count == 1 ? " time (" : " times (") +
+               std::to_string(t.bytes) + " bytes)";
+      };
+      return name + ": " + a + " called it " + times(x) + " in its group " + first->groups[g].name +
+             ", " + b + " " + times(y) + " in its group " + second->groups[g].name;
+    }
   }
   return "";
+}
+
+std::string memory_difference(int first_rank, int second_rank, const MemoryStats& first,
+                              const MemoryStats& second) {
+  std::string differences;
+  for (const char* key : {"allocated_bytes.all.peak", "reserved_bytes.all.peak"}) {
+    const auto x = first.find(key);
+    const auto y = second.find(key);
+    if (x == first.end() || y == second.end() || x->second == y->second) continue;
+    if (!differences.empty()) differences += "; ";
+    differences += std::string(key) + " " + std::to_string(x->second) + " on rank " +
+                   std::to_string(first_rank) + ", " + std::to_string(y->second) + " on rank " +
+                   std::to_string(second_rank);
+  }
+  return differences;
 }
 
 std::map<std::string, double> compute_metrics(const ComputeStats& compute) {

@@ -53,14 +53,17 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
 // up; empty when nothing was timed.
 std::map<std::string, double> compute_metrics(const ComputeStats& compute);
 
-// Where rank `second_rank` did not do what rank `first_rank` did, from what each recorded
-// (a folded world's second of a place against node 0's rank of that place: NOTE [A folded
-// world] in sim/fold.h): their collectives, group by group in the order each made its groups
-// (the group's size, each op's count and bytes), then their memory peaks; "" where they are
-// alike. Without both rings, the peaks alone.
-std::string first_difference(int first_rank, int second_rank,
-                             const std::optional<contract::RingSnapshot>& first,
-                             const std::optional<contract::RingSnapshot>& second,
-                             const MemoryStats& first_memory, const MemoryStats& second_memory);
+// Where rank `second_rank` did not call the collectives rank `first_rank` called, from what
+// each recorded (a folded world's second of a place against node 0's rank of that place:
+// NOTE [A folded world] in sim/fold.h), group by group in the order each made its groups (the
+// group's size, each op's count and bytes); "" where they are alike or a ring is missing.
+std::string collective_difference(int first_rank, int second_rank,
+                                  const std::optional<contract::RingSnapshot>& first,
+                                  const std::optional<contract::RingSnapshot>& second);
+
+// Where the two ranks' memory peaks (allocated, reserved) differ, each named with both
+// figures, "; " between them; "" where they are the same.
+std::string memory_difference(int first_rank, int second_rank, const MemoryStats& first,
+                              const MemoryStats& second);
 
 }  // namespace sgpu::launcher

@@ -62,8 +62,9 @@ std::string format_failure(const std::string& headline, const std::vector<RankFa
     if (!row.root_cause) continue;
     out << "root cause: rank " << row.rank << " (";
     if (nodes) out << "node " << row.node_rank << " " << row.host << ", ";
-    out << "local rank " << row.local_rank << ", pid " << row.pid << ") " << row.describe()
-        << " at " << format_time(row.time) << "\n";
+    out << "local rank " << row.local_rank << ", pid " << row.pid;
+    if (!row.role.empty()) out << ", " << row.role;
+    out << ") " << row.describe() << " at " << format_time(row.time) << "\n";
     if (!row.stderr_tail.empty()) {
       out << "  last lines of its stderr:\n";
       std::istringstream lines(row.stderr_tail);

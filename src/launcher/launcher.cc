@@ -247,29 +247,60 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   int world_nodes() const { return nodes_.nnodes * folded_nodes_; }
 
   // What a folded launch stood for (NOTE [A folded world] in sim/fold.h), `held` where its
-  // second of a place did what the first did; "" for a launch that does not fold.
-  std::string folded_summary(bool held) const {
+  // second of a place (the last slot, the world's last rank) called the collectives the first
+  // of that place on node 0 called. Where the second's memory peaks differ from the first's
+  // (uneven shards: the last rank's share of a parameter is smaller), they are its own, and
+  // the line says so with both figures. "" for a launch that does not fold.
+  std::string folded_summary(bool held, const std::vector<MemoryStats>& memory) const {
     if (folded_nodes_ <= 1) return "";
+    const auto [first, second] = folded_pair();
+    const std::string own = held ? memory_difference(slots_[first].rank, slots_[second].rank,
+                                                     memory[first], memory[second])
+                                 : "";
+    const std::string first_rank = std::to_string(slots_[first].rank);
+    std::string did =
+        "which did " + std::string(held ? "" : "not do ") + "what rank " + first_rank + " did";
+    if (!own.empty()) {
+      did = "which called the collectives rank " + first_rank +
+            " called, with memory peaks of its own (" + own + ")";
+    }
     return "sgpu: " + std::to_string(slots_.size()) + " processes stood for " +
            std::to_string(world_size()) + " ranks: node 0's, each for its place on every one of " +
            std::to_string(world_nodes()) + " simulated nodes, and rank " +
-           std::to_string(world_size() - 1) + ", which did " + (held ? "" : "not do ") +
-           "what rank " + std::to_string(options_.gpus - 1) + " did (" +
-           contract::spell("sim_fold") + ")\n";
+           std::to_string(slots_[second].rank) + ", " + did + " (" + contract::spell("sim_fold") +
+           ")\n";
   }
 
-  // In a folded world, where its second of a place (the last slot, the world's last rank)
-  // did not do what the first of that place on node 0 did: the call's error, which says that
-  // the folding does not hold; none where they are alike or the world is not folded.
-  std::exception_ptr folding_unheld(const std::vector<MemoryStats>& memory) const {
+  // What a rank of a folded world stood for, for its failure's line; "" where the world is
+  // not folded.
+  std::string folded_role(const RankSlot& slot) const {
+    if (folded_nodes_ <= 1) return "";
+    if (slot.rank >= options_.gpus) {
+      return "the second of local rank " + std::to_string(slot.local_rank) + "'s place, on the " +
+             "last of " + std::to_string(world_nodes()) + " simulated nodes (" +
+             contract::spell("sim_fold") + ")";
+    }
+    return "standing for local rank " + std::to_string(slot.local_rank) + " of every one of " +
+           std::to_string(world_nodes()) + " simulated nodes (" + contract::spell("sim_fold") + ")";
+  }
+
+  // A folded world's first of the last place (node 0's) and its second (the world's last
+  // rank), by slot.
+  std::pair<std::size_t, std::size_t> folded_pair() const {
+    return {static_cast<std::size_t>(options_.gpus - 1), slots_.size() - 1};
+  }
+
+  // In a folded world, where its second of a place did not call the collectives the first of
+  // that place on node 0 called: the call's error, which says that the folding does not hold;
+  // none where they are alike or the world is not folded.
+  std::exception_ptr folding_unheld() const {
     if (folded_nodes_ <= 1) return nullptr;
-    const std::size_t second = slots_.size() - 1;
-    const std::size_t first = static_cast<std::size_t>(options_.gpus - 1);
+    const auto [first, second] = folded_pair();
     const auto ring = [&](std::size_t i) {
       return contract::read_collective_ring(slots_[i].folder.collective_ring());
     };
-    const std::string why = first_difference(slots_[first].rank, slots_[second].rank, ring(first),
-                                             ring(second), memory[first], memory[second]);
+    const std::string why =
+        collective_difference(slots_[first].rank, slots_[second].rank, ring(first), ring(second));
     if (why.empty()) return nullptr;
     return std::make_exception_ptr(
         Error("sgpu: the folded world does not hold: " + why + ". Node 0's ranks cannot stand " +
@@ -537,6 +568,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       row.host = node_host_;
     }
     row.pid = slot.pid;
+    row.role = folded_role(slot);
     row.time = slot.exit_time;
     row.stderr_tail = slot.err ? slot.err->tail() : "";
     if (slot.exit) {
@@ -618,13 +650,13 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       compute.push_back(
           serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
-    const std::exception_ptr unheld = folding_unheld(memory);
+    const std::exception_ptr unheld = folding_unheld();
     if (!error) error = unheld;
     const bool shapes = std::any_of(compute.begin(), compute.end(),
                                     [](const ComputeStats& c) { return !c.ops.empty(); });
     if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
-      for (const std::string& line : {folded_summary(!unheld), comm_summary(comm, whose),
+      for (const std::string& line : {folded_summary(!unheld, memory), comm_summary(comm, whose),
                                       compute_summary(compute, comm, whose)}) {
         if (line.empty()) continue;
         if (console_) {

@@ -67,6 +67,9 @@ struct RankFailure {
   std::string stderr_tail;                     // the last lines the rank wrote to stderr
   std::chrono::system_clock::time_point time;  // when the failure happened (or was seen)
   bool root_cause = false;
+  // In a folded world, the ranks it stood for ("standing for local rank 3 of every one of
+  // 64 simulated nodes"); "" otherwise.
+  std::string role;
 
   // "exit code 3", "signal 11 (SIGSEGV)", "threw std::runtime_error: boom", ...
   std::string describe() const;

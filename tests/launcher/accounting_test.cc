@@ -144,7 +144,7 @@ TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
 
 // NOTE [A folded world]: what a folded world's second of a place did, held against the
 // first of that place: the first difference, group by group, then the memory peaks.
-TEST(FirstDifference, NamesTheFirstOpThatDiffersThenThePeaks) {
+TEST(CollectiveDifference, NamesTheFirstGroupOrOpThatDiffers) {
   contract::RingSnapshot first;
   first.groups = {{"world", 4, 1, {0, 1, 2, 3}}, {"ranks 0,1", 2, 1, {0, 1}}};
   first.totals.resize(2);
@@ -153,22 +153,31 @@ TEST(FirstDifference, NamesTheFirstOpThatDiffersThenThePeaks) {
   first.totals[1][all_reduce].bytes = 16;
   contract::RingSnapshot second = first;
   second.groups[1] = {"ranks 2,3", 2, 1, {2, 3}};
-  const MemoryStats peaks = {{"allocated_bytes.all.peak", 512}, {"reserved_bytes.all.peak", 2048}};
-  EXPECT_EQ(first_difference(1, 3, first, second, peaks, peaks), "");
+  EXPECT_EQ(collective_difference(1, 3, first, second), "");
   second.totals[1][all_reduce] = {2, 32};
-  EXPECT_EQ(first_difference(1, 3, first, second, peaks, peaks),
+  EXPECT_EQ(collective_difference(1, 3, first, second),
             "all_reduce: rank 1 called it 1 time (16 bytes) in its group ranks 0,1, rank 3 2 "
             "times (32 bytes) in its group ranks 2,3");
   second.groups[1].size = 3;
-  EXPECT_EQ(first_difference(1, 3, first, second, peaks, peaks),
+  EXPECT_EQ(collective_difference(1, 3, first, second),
             "rank 1's group ranks 0,1 has 2 ranks, rank 3's ranks 2,3 3");
   second.groups.pop_back();
-  EXPECT_EQ(first_difference(1, 3, first, second, peaks, peaks),
+  EXPECT_EQ(collective_difference(1, 3, first, second),
             "rank 1 made 2 process groups and rank 3 1");
+  EXPECT_EQ(collective_difference(1, 3, std::nullopt, second), "");
+}
+
+TEST(MemoryDifference, NamesEachPeakThatDiffersWithBothFigures) {
+  const MemoryStats peaks = {{"allocated_bytes.all.peak", 512}, {"reserved_bytes.all.peak", 2048}};
+  EXPECT_EQ(memory_difference(1, 3, peaks, peaks), "");
   MemoryStats more = peaks;
   more["reserved_bytes.all.peak"] = 4096;
-  EXPECT_EQ(first_difference(1, 3, std::nullopt, std::nullopt, peaks, more),
-            "reserved_bytes.all.peak: 2048 on rank 1, 4096 on rank 3");
+  EXPECT_EQ(memory_difference(1, 3, peaks, more),
+            "reserved_bytes.all.peak 2048 on rank 1, 4096 on rank 3");
+  more["allocated_bytes.all.peak"] = 1024;
+  EXPECT_EQ(memory_difference(1, 3, peaks, more),
+            "allocated_bytes.all.peak 512 on rank 1, 1024 on rank 3; reserved_bytes.all.peak 2048 "
+            "on rank 1, 4096 on rank 3");
 }
 
 }  // namespace

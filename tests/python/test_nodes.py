@@ -662,3 +662,69 @@ def test_a_program_whose_nodes_do_not_run_alike_does_not_fold():
                              r"sim_fold"):
         sgpu.distributed(gpus=2, nnodes=2, tracking=False, sim_compute="shapes", sim_fold=True,
                          timeout=120)(reduces_more_on_the_last_node).distributed()
+
+
+def shards_unevenly(rows: int) -> int:
+    """FSDP2 over every rank of a parameter of `rows` rows: the last rank's share is smaller
+    where the rows do not divide by the world, as are its AdamW states."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    model = fully_shard(torch.nn.Linear(1024, rows, bias=False).cuda())
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 1024, device="cuda")).sum().backward()
+    optimizer.step()
+    share = model.weight.to_local().shape[0]
+    dist.destroy_process_group()
+    return share
+
+
+def test_a_last_rank_with_uneven_shards_folds_with_memory_peaks_of_its_own(capfd):
+    # The collectives of the last rank are those of rank 1 (FSDP2 pads what it gathers), but
+    # its shard of 1,030 rows over 4 ranks is 256 rows where the others hold 258: it ran as
+    # its own process, so its memory figures are its own (those the whole world gives it),
+    # and the summary says how they differ rather than fail the call or give node 0's for it.
+    import sgpu
+
+    def launch(fold: bool):
+        return sgpu.distributed(gpus=2, nnodes=2, tracking=False, sim_compute="shapes",
+                                sim_fold=fold, timeout=120)(shards_unevenly).launch(1030)
+
+    whole = [stats["allocated_bytes.all.peak"] for stats in launch(False).memory_stats()]
+    capfd.readouterr()
+    call = launch(True)
+    assert call.result() == [258, 258, 256]
+    peaks = [stats["allocated_bytes.all.peak"] for stats in call.memory_stats()]
+    assert peaks == [whole[0], whole[1], whole[3]] and peaks[1] != peaks[2], (peaks, whole)
+    summary = capfd.readouterr().err
+    assert "sgpu: 3 processes stood for 4 ranks: node 0's, each for its place on every one of " \
+        "2 simulated nodes, and rank 3, which called the collectives rank 1 called, with memory " \
+        f"peaks of its own (allocated_bytes.all.peak {peaks[1]} on rank 1, {peaks[2]} on rank 3" \
+        in summary, summary
+
+
+def fills_the_gpu() -> None:
+    import torch
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if os.environ["LOCAL_RANK"] == "1":
+        torch.empty(30 * 2**30, device="cuda")  # 120 GB of float32 on an 80 GB H100
+
+
+def test_a_folded_rank_out_of_memory_is_named_with_the_ranks_it_stands_for():
+    import sgpu
+    from conftest import distributed_error
+
+    with pytest.raises(Exception) as caught:
+        sgpu.distributed(gpus=2, nnodes=2, tracking=False, sim_compute="shapes", sim_fold=True,
+                         timeout=120)(fills_the_gpu).distributed()
+    error = distributed_error(caught.value)
+    assert error.root_cause.exception_type.endswith("OutOfMemoryError"), error.root_cause
+    assert "CUDA out of memory. Tried to allocate 120.00 GiB" in error.root_cause.message
+    assert re.search(r"root cause: rank (1 \(local rank 1, pid \d+, standing for local rank 1 of "
+                     r"every one of 2 simulated nodes|3 \(local rank 1, pid \d+, the second of "
+                     r"local rank 1's place, on the last of 2 simulated nodes) \(sim_fold\)\)",
+                     str(error)), str(error)
