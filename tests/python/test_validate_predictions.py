@@ -104,3 +104,23 @@ def test_a_row_of_several_nodes_runs_folded_and_its_ranks_shard_over_every_node(
     assert folded.tokens_per_s == pytest.approx(128 / folded.step_seconds, rel=1e-2)
     assert folded.step_seconds != alone.step_seconds
     assert folded.reserved_gib <= alone.reserved_gib
+
+
+@needs_cli
+def test_the_worlds_benchmark_steps_a_2d_world_folded_against_its_floor():
+    # bench/bench_worlds.py on a world small enough for a test: the debug size in 2D
+    # parallelism (tensor parallel in each node of 2) on 2 nodes, folded into 3 processes.
+    sys.path.insert(0, str(ROOT / "bench"))
+    script()
+    import bench_worlds
+
+    world = bench_worlds.World("debug-2d", 2, ("--size", "debug", "--seq", "64", "--tp", "2"),
+                               node="2xH100")
+    row = bench_worlds.measure(world, timeout=300)
+    assert (row["gpus"], row["processes"]) == (4, 3)
+    assert row["x_floor"] == pytest.approx(row["wall_s"] / row["floor_s"])
+    assert 0 < row["max_rss_bytes"] < 4 * 2**30
+    assert row["model_step_ms"] > 0  # (its memory, under 0.01 GiB, prints as 0.00)
+    # torchtitan's tokens per GPU: the 64 tokens of a tensor-parallel pair, shared by two.
+    assert row["model_tokens_per_s"] == pytest.approx(32 / (row["model_step_ms"] / 1e3),
+                                                      rel=1e-2)
