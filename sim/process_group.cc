@@ -224,6 +224,32 @@ class FaultInjectingBackend final : public collectives::InterposingBackend {
 // The launch's ranks, on every node.
 int world_of(const Options& options) { return options.gpus * std::max(options.nnodes, 1); }
 
+// Whether `rank` runs on this node: one of its ranks, or in a folded world (NOTE [A folded
+// world]: the launcher gives the backend the whole world's nodes) the world's last rank too,
+// a second of its place.
+bool runs_here(const Options& options, int rank) {
+  const int first = std::max(options.node_rank, 0) * options.gpus;
+  if (rank >= first && rank < first + options.gpus) return true;
+  return options.sim_fold && options.nnodes > 1 && rank == world_of(options) - 1;
+}
+
+// The plan's faults, every one on a rank that runs where the world is folded: a fault on a
+// rank that only stands in the world would never act. ConfigError otherwise.
+std::vector<Fault> faults_of(const Options& options) {
+  std::vector<Fault> faults = parse_faults(options.sim_faults, world_of(options));
+  if (!options.sim_fold || options.nnodes <= 1) return faults;
+  for (const Fault& fault : faults) {
+    if (runs_here(options, fault.rank)) continue;
+    throw ConfigError("the fault plan names rank " + std::to_string(fault.rank) +
+                      ", which does not run in this folded world: node 0's ranks 0 to " +
+                      std::to_string(options.gpus - 1) + " stand for every node's, and rank " +
+                      std::to_string(world_of(options) - 1) + " runs as a second of its place (" +
+                      contract::spell("sim_fold") +
+                      "); plan the fault on one of those, or run the world unfolded");
+  }
+  return faults;
+}
+
 }  // namespace
 
 std::vector<std::string> SimBackend::rank_environment(const Options& options) const {
@@ -247,7 +273,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
   }
   const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return variables;
-  parse_faults(plan, world_of(options));  // ConfigError before anything starts
+  faults_of(options);  // ConfigError before anything starts
   variables.push_back(std::string(kFaultsVar) + "=" + plan);
   return variables;
 }
@@ -257,10 +283,9 @@ std::vector<std::string> SimBackend::ending_faults(const Options& options) const
   if (plan.empty()) return {};
   std::vector<std::string> ending;
   // Over several nodes, each node answers for its own ranks' faults.
-  const int first = std::max(options.node_rank, 0) * options.gpus;
-  for (const Fault& fault : parse_faults(plan, world_of(options))) {
+  for (const Fault& fault : faults_of(options)) {
     if (fault.action == Fault::Action::kSlow) continue;
-    if (fault.rank < first || fault.rank >= first + options.gpus) continue;
+    if (!runs_here(options, fault.rank)) continue;
     const std::string rank = "rank " + std::to_string(fault.rank);
     std::string why;
     switch (fault.point) {
@@ -357,7 +382,8 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
 
 Transport chosen_transport(const Options& options) {
   const std::string& name = options.sim_transport;
-  const bool several_nodes = options.nnodes > 1;
+  // A folded world's nodes are one node's ranks (NOTE [A folded world]).
+  const bool several_nodes = options.nnodes > 1 && !options.sim_fold;
   // Shared memory does not reach other nodes; Gloo's TCP does.
   if (name.empty()) return several_nodes ? Transport::kGloo : Transport::kShm;
   const std::string given = contract::spell("sim_transport", name);

@@ -88,8 +88,14 @@ Options resolve_options(const Options& given, const NodePlan& nodes) {
   return options;
 }
 
-CallPlan plan_call(Options options, const RankProgram& program) {
+Options world_options(Options options, int folded_nodes) {
+  if (folded_nodes > 1) options.nnodes = folded_nodes;
+  return options;
+}
+
+CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes) {
   CallPlan plan;
+  plan.folded_nodes = folded_nodes;
   plan.hang_timeout = options.hang_timeout;
   // The watchdog reads the rings: ranks that keep none are never judged hung.
   if (options.recorder_entries == 0) plan.hang_timeout = kNoTimeout;
@@ -101,7 +107,7 @@ CallPlan plan_call(Options options, const RankProgram& program) {
   plan.backend = std::string(chosen.name());
   plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend);
   plan.sim_node = inventory.sim_spec;
-  plan.backend_env = chosen.rank_environment(options);
+  plan.backend_env = chosen.rank_environment(world_options(options, folded_nodes));
   program.check(plan.backend_env);
   if (const std::size_t size = program.payload_bytes(); size > options.max_payload_bytes) {
     throw ConfigError("the arguments take " + std::to_string(size) +

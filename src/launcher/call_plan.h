@@ -40,8 +40,13 @@ struct CallPlan {
   int folded_nodes = 1;
 };
 
-// Steps 2-3 for `program`'s ranks under resolved `options`.
-CallPlan plan_call(Options options, const RankProgram& program);
+// Steps 2-3 for `program`'s ranks under resolved `options`, in a world of `folded_nodes`
+// nodes where the launch folds them (CallPlan::folded_nodes).
+CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes = 1);
+
+// The options as the backend sees them: a folded launch's (one node's launch) with the
+// whole world's nodes, so that it knows the world its ranks stand in.
+Options world_options(Options options, int folded_nodes);
 
 // A new, empty run folder of this call's under runs_dir(options).
 std::filesystem::path make_run_dir(const Options& options);

@@ -616,7 +616,8 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     CallEnd end = call_end(outcome, verdict_.reason);
     // A fault that ends its rank, planned but never acted, cannot end in success.
     if (outcome == Outcome::kSucceeded) {
-      end.unacted = backend::find_backend(backend_name_).ending_faults(options_);
+      end.unacted = backend::find_backend(backend_name_)
+                        .ending_faults(world_options(options_, folded_nodes_));
     }
     std::exception_ptr error = error_of(end);  // none: a success, whose results are read
     if (!error && !program_->returns_results()) {
@@ -777,13 +778,12 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
   if (nodes.several()) link = std::make_unique<NodeLink>(nodes, options.gpus, options.rdzv_timeout);
   CallPlan plan;
   try {
-    plan = plan_call(std::move(options), *program);
+    plan = plan_call(std::move(options), *program, folded_nodes);
   } catch (const Error& e) {
     if (link) link->agree(e.what());  // a node whose own checks fail tells the others
     throw;
   }
   if (link) link->agree("");  // every node can serve the launch, or this throws
-  plan.folded_nodes = folded_nodes;
   std::unique_ptr<tracking::CallRun> tracking = begin_tracking(plan, *program, front, link.get());
   try {
     const std::filesystem::path run_dir = make_run_dir(plan.options);

@@ -728,3 +728,39 @@ def test_a_folded_rank_out_of_memory_is_named_with_the_ranks_it_stands_for():
                      r"every one of 2 simulated nodes|3 \(local rank 1, pid \d+, the second of "
                      r"local rank 1's place, on the last of 2 simulated nodes) \(sim_fold\)\)",
                      str(error)), str(error)
+
+
+@needs_cli
+def test_a_fault_in_a_folded_world_acts_on_a_rank_that_runs_and_is_refused_on_one_that_does_not(
+        tmp_path):
+    # 2 nodes of 2 folded: ranks 0, 1 and 3 run, rank 2 only stands in the world. A fault on
+    # rank 3 ends it at its first collective; one on rank 2 could never act: refused before
+    # anything starts, in the folded world's words.
+    program = script(tmp_path, """
+        import os
+        import torch
+        import torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        dist.all_reduce(torch.ones(4, device="cuda"))
+        dist.destroy_process_group()
+        """)
+
+    def run(rank: int):
+        env = dict(os.environ, SGPU_TRACKING="off", SGPU_RUNS_DIR=str(tmp_path / "runs"),
+                   SGPU_SIM_FAULTS=f"rank={rank}:exit=7@collective=1")
+        return subprocess.run([SGPU, "run", "--backend", "sim", "--nproc-per-node", "2",
+                               "--nnodes", "2", "--sim-compute", "shapes", "--sim-fold", "--",
+                               *program], env=env, capture_output=True, text=True, timeout=180)
+
+    last = run(3)
+    assert last.returncode == 7, last.stderr
+    assert re.search(r"root cause: rank 3 \(local rank 1, pid \d+, the second of local rank 1's "
+                     r"place, on the last of 2 simulated nodes \(--sim-fold\)\) exited with code 7",
+                     last.stderr), last.stderr
+    standing = run(2)
+    assert standing.returncode == 2, standing.stderr
+    assert "the fault plan names rank 2, which does not run in this folded world: node 0's ranks " \
+        "0 to 1 stand for every node's, and rank 3 runs as a second of its place (--sim-fold); " \
+        "plan the fault on one of those, or run the world unfolded" in standing.stderr, \
+        standing.stderr
