@@ -249,6 +249,40 @@ CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring) {
   return stats;
 }
 
+std::string memory_summary(const std::vector<MemoryStats>& memory, const std::vector<int>& ranks) {
+  struct Run {
+    int first = 0, last = 0;
+    std::int64_t reserved = 0, allocated = 0;
+  };
+  std::vector<Run> runs;
+  for (std::size_t i = 0; i < memory.size() && i < ranks.size(); ++i) {
+    const auto reserved = memory[i].find("reserved_bytes.all.peak");
+    const auto allocated = memory[i].find("allocated_bytes.all.peak");
+    if (reserved == memory[i].end() || allocated == memory[i].end()) continue;
+    if (!runs.empty() && runs.back().last + 1 == ranks[i] &&
+        runs.back().reserved == reserved->second && runs.back().allocated == allocated->second) {
+      runs.back().last = ranks[i];
+    } else {
+      runs.push_back({ranks[i], ranks[i], reserved->second, allocated->second});
+    }
+  }
+  if (runs.empty()) return "";
+  std::string line = "sgpu: peak memory of each rank's GPU, reserved and allocated:";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    char figures[64];
+    std::snprintf(figures, sizeof figures, " %.2f and %.2f GiB",
+                  static_cast<double>(r.reserved) / (1 << 30),
+                  static_cast<double>(r.allocated) / (1 << 30));
+    line +=
+        (i ? "; " : " ") +
+        (r.first == r.last ? "rank " + std::to_string(r.first)
+                           : "ranks " + std::to_string(r.first) + "-" + std::to_string(r.last)) +
+        figures;
+  }
+  return line + "\n";
+}
+
 std::string comm_summary(const std::vector<CommStats>& ranks, const std::string& whose) {
   std::map<std::string, CollectiveTotals> most;
   std::map<std::string, bool> differ;

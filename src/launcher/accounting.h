@@ -26,6 +26,12 @@ CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring);
 std::string comm_summary(const std::vector<CommStats>& ranks,
                          const std::string& whose = "any rank");
 
+// "sgpu: peak memory of each rank's GPU, reserved and allocated: ranks 0-6 26.74 and 20.08
+// GiB; rank 7 26.74 and 20.09 GiB; rank 511 26.77 and 20.08 GiB\n": consecutive ranks with the
+// same peaks (to the byte) said once; `ranks` names each of `memory`'s, in order; "" when no
+// rank has both peaks.
+std::string memory_summary(const std::vector<MemoryStats>& memory, const std::vector<int>& ranks);
+
 // sgpu.comm.<op>.count, .bytes, .seconds and (with a platform) .predicted_seconds, every
 // group added up.
 std::map<std::string, double> comm_metrics(const CommStats& stats);

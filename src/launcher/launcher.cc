@@ -657,8 +657,10 @@ class CallImpl final : public detail::Call, private MonitorHooks {
                                     [](const ComputeStats& c) { return !c.ops.empty(); });
     if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
+      // In shape-only compute the GPUs' memory is a point of the call: each rank's peaks.
       for (const std::string& line : {folded_summary(!unheld, memory), comm_summary(comm, whose),
-                                      compute_summary(compute, comm, whose)}) {
+                                      compute_summary(compute, comm, whose),
+                                      shapes ? memory_summary(memory, launched_ranks()) : ""}) {
         if (line.empty()) continue;
         if (console_) {
           console_(STDERR_FILENO, line);

@@ -180,5 +180,22 @@ TEST(MemoryDifference, NamesEachPeakThatDiffersWithBothFigures) {
             "on rank 1, 4096 on rank 3");
 }
 
+TEST(MemorySummary, SaysConsecutiveRanksWithTheSamePeaksOnce) {
+  const auto peaks = [](std::int64_t reserved, std::int64_t allocated) {
+    return MemoryStats{{"reserved_bytes.all.peak", reserved},
+                       {"allocated_bytes.all.peak", allocated}};
+  };
+  const std::int64_t gib = std::int64_t{1} << 30;
+  EXPECT_EQ(memory_summary({peaks(3 * gib, gib), peaks(3 * gib, gib), peaks(3 * gib, gib + 1),
+                            peaks(3 * gib, gib)},
+                           {0, 1, 2, 7}),
+            "sgpu: peak memory of each rank's GPU, reserved and allocated: ranks 0-1 3.00 and "
+            "1.00 GiB; rank 2 3.00 and 1.00 GiB; rank 7 3.00 and 1.00 GiB\n");
+  EXPECT_EQ(memory_summary({MemoryStats{}, peaks(gib / 2, gib / 4)}, {0, 1}),
+            "sgpu: peak memory of each rank's GPU, reserved and allocated: rank 1 0.50 and 0.25 "
+            "GiB\n");
+  EXPECT_EQ(memory_summary({MemoryStats{}}, {0}), "");
+}
+
 }  // namespace
 }  // namespace sgpu::launcher

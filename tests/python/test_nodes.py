@@ -704,6 +704,11 @@ def test_a_last_rank_with_uneven_shards_folds_with_memory_peaks_of_its_own(capfd
         "2 simulated nodes, and rank 3, which called the collectives rank 1 called, with memory " \
         f"peaks of its own (allocated_bytes.all.peak {peaks[1]} on rank 1, {peaks[2]} on rank 3" \
         in summary, summary
+    # Each rank's peaks, ranks 0 and 1 (alike) said once.
+    gib = [(stats["reserved_bytes.all.peak"] / 2**30, stats["allocated_bytes.all.peak"] / 2**30)
+           for stats in call.memory_stats()]
+    assert "sgpu: peak memory of each rank's GPU, reserved and allocated: ranks 0-1 " \
+        "%.2f and %.2f GiB; rank 3 %.2f and %.2f GiB\n" % (*gib[0], *gib[2]) in summary, summary
 
 
 def fills_the_gpu() -> None:
