@@ -34,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from validate_predictions import LINE, STEP, sgpu_command  # noqa: E402
+from validate_predictions import LINE, STEP, chosen, sgpu_command  # noqa: E402
 
 FLOOR = ("import os, torch, torch.distributed as dist; "
          "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
@@ -113,14 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a call may take")
     parser.add_argument("--json", metavar="FILE", help="also write Google Benchmark JSON")
     args = parser.parse_args(argv)
-    worlds = WORLDS
-    if args.rows:
-        wanted = args.rows.split(",")
-        unknown = sorted(set(wanted) - {w.id for w in WORLDS})
-        if unknown:
-            parser.error(f"no world {', '.join(unknown)}; the worlds: "
-                         f"{', '.join(w.id for w in WORLDS)}")
-        worlds = [w for w in WORLDS if w.id in wanted]
+    worlds = chosen(parser, args.rows, WORLDS, "world")
     rows = []
     print("| world | GPUs | processes | wall | floor | x floor | largest RSS | predicted step "
           "| tokens/s/GPU | reserved, GPU 0 |")

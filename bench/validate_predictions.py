@@ -85,25 +85,40 @@ def mpt_row(source: str, gpu: str, size: str, batch: int, seq: int, tokens_per_s
                (*args, "--loss", "fused"))
 
 
+def compiled(row_id: str, table: str, with_compile: tuple, with_float8: tuple) -> list:
+    """torchtitan's rows of run `row_id` with torch.compile, then with Float8 too, each its
+    (tokens/s per GPU, GiB): listed, not modelled."""
+    return [Row(f"{row_id}-compile", f"{TORCHTITAN}, {table}", "the same with torch.compile",
+                *with_compile, not_modelled="torch.compile"),
+            Row(f"{row_id}-compile-float8", f"{TORCHTITAN}, {table}",
+                "the same with torch.compile and Float8", *with_float8,
+                not_modelled="torch.compile, float8 (torchao)")]
+
+
+def chosen(parser, given: str | None, rows: list, what: str = "row") -> list:
+    """The rows whose ids `given` names, comma-separated (all of them without it); the
+    parser's error naming any that is not one."""
+    if not given:
+        return rows
+    wanted = given.split(",")
+    unknown = sorted(set(wanted) - {r.id for r in rows})
+    if unknown:
+        parser.error(f"no {what} {', '.join(unknown)}; the {what}s: "
+                     f"{', '.join(r.id for r in rows)}")
+    return [r for r in rows if r.id in wanted]
+
+
 ROWS = [
     Row("torchtitan-8b-fsdp", f"{TORCHTITAN}, Table 1",
         "Llama 3.1 8B, FSDP, 8 H100 96GB 500 W, batch 2 x 8192, selective AC",
         5762, 82.4, "8xH100:95GiB@h100-96gb-500w",
         ("--size", "8B", "--batch", "2", "--seq", "8192", "--ac", "selective")),
-    Row("torchtitan-8b-fsdp-compile", f"{TORCHTITAN}, Table 1",
-        "the same with torch.compile", 6667, 77.0, not_modelled="torch.compile"),
-    Row("torchtitan-8b-fsdp-compile-float8", f"{TORCHTITAN}, Table 1",
-        "the same with torch.compile and Float8", 8532, 76.8,
-        not_modelled="torch.compile, float8 (torchao)"),
+    *compiled("torchtitan-8b-fsdp", "Table 1", (6667, 77.0), (8532, 76.8)),
     Row("torchtitan-8b-fsdp-128", f"{TORCHTITAN}, Table 3",
         "Llama 3.1 8B, FSDP, 128 H100 96GB 500 W (16 nodes), batch 2 x 8192, selective AC",
         5605, 67.0, "8xH100:95GiB@h100-96gb-500w",
         ("--size", "8B", "--batch", "2", "--seq", "8192", "--ac", "selective"), nodes=16),
-    Row("torchtitan-8b-fsdp-128-compile", f"{TORCHTITAN}, Table 3",
-        "the same with torch.compile", 6514, 62.0, not_modelled="torch.compile"),
-    Row("torchtitan-8b-fsdp-128-compile-float8", f"{TORCHTITAN}, Table 3",
-        "the same with torch.compile and Float8", 8380, 61.8,
-        not_modelled="torch.compile, float8 (torchao)"),
+    *compiled("torchtitan-8b-fsdp-128", "Table 3", (6514, 62.0), (8380, 61.8)),
     Row("torchtitan-70b-2d-256", f"{TORCHTITAN}, Table 4",
         "Llama 3.1 70B, FSDP 32 x TP 8, 256 H100 96GB 500 W (32 nodes), local batch 16, full "
         "AC, torch.compile and Float8", 829, 71.9, not_modelled="torch.compile, float8 (torchao)"),
@@ -234,14 +249,7 @@ def main(argv=None) -> int:
                         help="also write the predictions as Google Benchmark JSON, for "
                              "ci/bench-compare --counters-only")
     args = parser.parse_args(argv)
-    rows = ROWS
-    if args.rows:
-        wanted = args.rows.split(",")
-        unknown = sorted(set(wanted) - {r.id for r in ROWS})
-        if unknown:
-            parser.error(f"no row {', '.join(unknown)}; the rows: "
-                         f"{', '.join(r.id for r in ROWS)}")
-        rows = [r for r in ROWS if r.id in wanted]
+    rows = chosen(parser, args.rows, ROWS)
     predictions = {}
     for row in rows:
         if row.not_modelled:
