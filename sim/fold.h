@@ -10,9 +10,8 @@
 // collectives the launcher holds against node 0's rank of its place at the end: where they
 // differ the call fails; where only the memory peaks differ (uneven shards), the second's
 // are its own and the summary says so (docs/simulation.md, "A folded world"). In shape-only
-// compute the running members of a
-// group agree on each collective through its transport (MovingNoBytes), so the second's
-// groups need no stand-ins for fake tensors.
+// compute the running members of a group agree on each collective through its transport
+// (MovingNoBytes), so the second's groups need no stand-ins for fake tensors.
 //
 // A folded group (folded_group()) is a group of the world as its ranks see it: its size and
 // ranks are the world's, and its transport connects only its members that run. A collective
