@@ -224,20 +224,23 @@ class FaultInjectingBackend final : public collectives::InterposingBackend {
 // The launch's ranks, on every node.
 int world_of(const Options& options) { return options.gpus * std::max(options.nnodes, 1); }
 
-// Whether `rank` runs on this node: one of its ranks, or in a folded world (NOTE [A folded
-// world]: the launcher gives the backend the whole world's nodes) the world's last rank too,
-// a second of its place.
+// A folded world (NOTE [A folded world]): the launcher gives the backend the whole world's
+// nodes, whose ranks node 0's launch runs as its own.
+bool folded(const Options& options) { return options.sim_fold && options.nnodes > 1; }
+
+// Whether `rank` runs on this node: one of its ranks, or in a folded world one of those the
+// fold runs (node 0's, and the world's last rank, a second of its place).
 bool runs_here(const Options& options, int rank) {
+  if (folded(options)) return Fold::plan(world_of(options), options.gpus).runs(rank);
   const int first = std::max(options.node_rank, 0) * options.gpus;
-  if (rank >= first && rank < first + options.gpus) return true;
-  return options.sim_fold && options.nnodes > 1 && rank == world_of(options) - 1;
+  return rank >= first && rank < first + options.gpus;
 }
 
 // The plan's faults, every one on a rank that runs where the world is folded: a fault on a
 // rank that only stands in the world would never act. ConfigError otherwise.
 std::vector<Fault> faults_of(const Options& options) {
   std::vector<Fault> faults = parse_faults(options.sim_faults, world_of(options));
-  if (!options.sim_fold || options.nnodes <= 1) return faults;
+  if (!folded(options)) return faults;
   for (const Fault& fault : faults) {
     if (runs_here(options, fault.rank)) continue;
     throw ConfigError("the fault plan names rank " + std::to_string(fault.rank) +
@@ -382,8 +385,8 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
 
 Transport chosen_transport(const Options& options) {
   const std::string& name = options.sim_transport;
-  // A folded world's nodes are one node's ranks (NOTE [A folded world]).
-  const bool several_nodes = options.nnodes > 1 && !options.sim_fold;
+  // A folded world's nodes are one node's ranks.
+  const bool several_nodes = options.nnodes > 1 && !folded(options);
   // Shared memory does not reach other nodes; Gloo's TCP does.
   if (name.empty()) return several_nodes ? Transport::kGloo : Transport::kShm;
   const std::string given = contract::spell("sim_transport", name);
