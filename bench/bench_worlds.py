@@ -34,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from validate_predictions import LINE, STEP, chosen, sgpu_command  # noqa: E402
+from validate_predictions import LINE, STEP, chosen, simulated  # noqa: E402
 
 FLOOR = ("import os, torch, torch.distributed as dist; "
          "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
@@ -63,22 +63,20 @@ class Run:
     max_rss_bytes: int
     processes: int
     ranks: int
-    stdout: str
+    output: str  # its stdout, then its stderr
 
 
 def run(world: World, program: list, timeout: float) -> Run:
     """The folded world running `program`: its wall time, and the largest peak resident memory
     of any process it started (getrusage of the children, taken in a process of its own so
     that no other run's count)."""
-    command = [*sgpu_command(), str(world.node.split("x")[0]), "--nnodes", str(world.nodes),
-               "--sim-fold", "--", *program]
-    env = dict(os.environ, SGPU_SIM=world.node, SGPU_SIM_COMPUTE="shapes", SGPU_TRACKING="off")
-    measure = ("import resource, subprocess, sys; "
-               "code = subprocess.run(sys.argv[1:]).returncode; "
-               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-               "sys.exit(code)")
+    command, env = simulated(world.node, world.nodes, program)
+    largest_child = ("import resource, subprocess, sys; "
+                     "code = subprocess.run(sys.argv[1:]).returncode; "
+                     "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+                     "file=sys.stderr); sys.exit(code)")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", measure, *command], env=env,
+    done = subprocess.run([sys.executable, "-c", largest_child, *command], env=env,
                           capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     if done.returncode != 0:
@@ -94,10 +92,10 @@ def run(world: World, program: list, timeout: float) -> Run:
 def measure(world: World, timeout: float) -> dict:
     floor = run(world, [sys.executable, "-c", FLOOR], timeout)
     step = run(world, [sys.executable, str(STEP), *world.args], timeout)
-    figures = LINE.search(step.stdout)
+    figures = LINE.search(step.output)
     if figures is None or not step.processes:
         raise RuntimeError(f"{world.id}: no step figures or summary of the folded world in:\n"
-                           f"{step.stdout[-4000:]}")
+                           f"{step.output[-4000:]}")
     return {"id": world.id, "gpus": step.ranks, "processes": step.processes,
             "wall_s": step.wall_seconds, "floor_s": floor.wall_seconds,
             "x_floor": step.wall_seconds / floor.wall_seconds,

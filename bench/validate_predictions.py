@@ -59,11 +59,6 @@ class Row:
     not_modelled: str = ""       # why it is not predicted
     nodes: int = 1               # nodes of `node`; several run folded (--sim-fold)
 
-    @property
-    def gpus(self) -> int:
-        """A node's GPUs."""
-        return int(self.node.split("x")[0])
-
 
 def mpt_row(source: str, gpu: str, size: str, batch: int, seq: int, tokens_per_s: float,
             accumulate: int = 1, ac: str = "none") -> Row:
@@ -157,18 +152,23 @@ class Prediction:
     wall_seconds: float
 
 
-def sgpu_command() -> list:
+def simulated(node: str, nodes: int, program: list) -> tuple[list, dict]:
+    """`sgpu run` of `program` on `nodes` simulated nodes of `node` (SGPU_SIM's spec: "8xH100",
+    ...) in shape-only compute, several as a folded world (--sim-fold), untracked: the command
+    and its environment."""
     cli = os.environ.get("SGPU_CLI") or str(ROOT / "build" / "bin" / "sgpu")
-    return [cli, "run", "--backend", "sim", "--gpus"]
+    folded = ["--nnodes", str(nodes), "--sim-fold"] if nodes > 1 else []
+    command = [cli, "run", "--backend", "sim", "--gpus", node.split("x")[0], *folded, "--",
+               *program]
+    env = dict(os.environ, SGPU_SIM=node, SGPU_SIM_COMPUTE="shapes", SGPU_TRACKING="off")
+    return command, env
 
 
 def predict(row: Row, timeout: float = 1800) -> Prediction:
     """Runs the row's configuration on its simulated node, two steps (the second with the
     optimizer's state held, as in a long run), and reads the second's figures."""
-    env = dict(os.environ, SGPU_SIM=row.node, SGPU_SIM_COMPUTE="shapes", SGPU_TRACKING="off")
-    nodes = ["--nnodes", str(row.nodes), "--sim-fold"] if row.nodes > 1 else []
-    command = [*sgpu_command(), str(row.gpus), *nodes, "--", sys.executable, str(STEP),
-               *row.args, "--steps", "2"]
+    command, env = simulated(row.node, row.nodes,
+                             [sys.executable, str(STEP), *row.args, "--steps", "2"])
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
