@@ -244,8 +244,7 @@ class _ShapesMode(FakeTensorMode):
         tensors = [leaf for leaf in pytree.tree_leaves(args) if isinstance(leaf, torch.Tensor)]
         if any(is_traceable_wrapper_subclass(t) for t in tensors):
             return NotImplemented
-        first = tensors[0] if tensors else None
-        device = first.device.type if first is not None else "cpu"
+        device = tensors[0].device.type if tensors else "cpu"
         if device not in _KERNELS:
             raise NotImplementedError(
                 f"sgpu: {func} on {device} tensors: shape-only compute runs collectives "
