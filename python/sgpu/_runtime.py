@@ -1,20 +1,18 @@
 """What code inside a rank calls: its place in the call, its device, the "sgpu" process-group
-backend for torch.distributed, and logging into the call's MLflow run.
+backend for torch.distributed (sgpu._process_group) made known as torch is imported, and
+logging into the call's MLflow run.
 
 Outside a rank the helpers answer for a world of one: rank 0 of 1, on the CPU.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
-import threading
-from datetime import timedelta
 
-BACKEND_NAME = "sgpu"
-
+from sgpu._imports import after_import
+from sgpu._process_group import BACKEND_NAME, register_backend  # noqa: F401 - sgpu's API
+from sgpu._stacks import announce_stacks, arm_python_stacks
 
 def is_rank() -> bool:
     """True inside a rank that sgpu started."""
@@ -25,30 +23,6 @@ def _in_a_call() -> bool:
     """Inside a function's rank, or inside a program that `sgpu run` started as a rank (it
     has its rank's folder, not the role: the program may make calls of its own)."""
     return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
-
-
-def arm_python_stacks(native, rank_dir: str | None = None) -> bool:
-    """Every Python thread's traceback into rank-N/stacks/python on the caller's signal
-    (NOTE [Stack dumps] in src/contract/stack_dump.h), for a call that hangs; `rank_dir`,
-    else the rank's (SGPU_RANK_DIR). False when it cannot be armed (no folder, or no room in
-    it): the rank then just has no Python stacks, which is no reason to fail it."""
-    import faulthandler
-
-    if rank_dir is None:
-        rank_dir = os.environ.get("SGPU_RANK_DIR", "")
-    folder = os.path.join(rank_dir, "stacks")
-    if not os.path.isdir(folder):
-        return False
-    global _STACK_FILE
-    try:
-        _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - the rank's life
-    except OSError:
-        return False
-    faulthandler.register(native.python_stack_signal(), file=_STACK_FILE, all_threads=True)
-    return True
-
-
-_STACK_FILE = None
 
 
 def arm_program_stacks() -> None:
@@ -62,28 +36,7 @@ def arm_program_stacks() -> None:
 
     _native.arm_program_stacks()
     if arm_python_stacks(_native):  # else not announced: the Python signal would kill it
-        _announce_stacks(rank_dir)
-
-
-def arm_world_stacks(native) -> None:
-    """In a process on the node under `sgpu sim` that has just formed a world: its Python
-    tracebacks into its rank's folder there, announced, so that `sgpu sim` quotes them when
-    the world hangs (NOTE [A node's worlds] in src/launcher/node_watch.h)."""
-    rank_dir = native.node_world_rank_dir()
-    if rank_dir and arm_python_stacks(native, rank_dir):
-        _announce_stacks(rank_dir)
-
-
-def _announce_stacks(rank_dir: str) -> None:
-    """This process's pid in rank-N/stacks/program.pid: it answers the Python signal."""
-    folder = os.path.join(rank_dir, "stacks")
-    staged = os.path.join(folder, f".program.pid.{os.getpid()}")
-    try:  # a full runs folder: no stacks, and the program goes on
-        with open(staged, "w") as out:
-            out.write(str(os.getpid()))
-        os.replace(staged, os.path.join(folder, "program.pid"))
-    except OSError:
-        pass
+        announce_stacks(rank_dir)
 
 
 def _env_int(name: str, fallback: int) -> int:
@@ -196,77 +149,6 @@ class host_memory:
 
             _native.exit_host_memory()
         return False
-
-
-# Set while torch makes a group that a program asked for as "nccl" (sgpu._sim_cuda): the
-# simulated backend then holds it to NCCL's rules.
-making_nccl = threading.local()
-
-
-def _create_process_group(options, _backend_options=None):
-    from sgpu import _native
-
-    timeout = options.timeout
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    group = _native.make_process_group(
-        options.store,
-        options.group_rank,
-        options.group_size,
-        seconds,
-        list(options.global_ranks_in_group or []),
-        as_nccl=getattr(making_nccl, "on", False),
-    )
-    if not options.global_ranks_in_group:
-        arm_world_stacks(_native)
-    return group
-
-
-def register_backend() -> None:
-    """Registers the "sgpu" backend with torch.distributed (once): the process group the
-    call's backend makes, Gloo with the fault plan on sim and NCCL on cuda."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or BACKEND_NAME in dist.Backend.backend_list:
-        return
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"]
-    )
-
-
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs `callback(module)` right after module `name` is first imported (by whoever
-    imports it), so that sgpu does not import it, nor pay for it, before anyone needs it."""
-
-    def __init__(self, name, callback):
-        self._name = name
-        self._callback = callback
-        self._inner = None
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self._name or self._inner is not None:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        self._inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._callback(module)
-
-
-def after_import(name: str, callback) -> None:
-    """`callback(module)` now if module `name` is imported, else right after its import."""
-    if name in sys.modules:
-        callback(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _torch_imported(_torch) -> None:

@@ -522,11 +522,11 @@ def shapes_only():
     the fake storages on cuda devices are their devices' memory. Tensors made before (the
     function's arguments) may be used as they are."""
     global _entered
-    from sgpu import _runtime
+    from sgpu import _imports
 
     if not _checkpoints_watched:
         _checkpoints_watched.append(True)
-        _runtime.after_import("torch.distributed.checkpoint", _refuse_checkpoints)
+        _imports.after_import("torch.distributed.checkpoint", _refuse_checkpoints)
     mode = _ShapesMode()
     _entered += 1
     try:

@@ -434,9 +434,9 @@ def _patch_distributed() -> None:
         return
     from torch.distributed import distributed_c10d as c10d
 
-    from sgpu import _runtime
+    from sgpu import _process_group
 
-    _runtime.register_backend()
+    _process_group.register_backend()
     _patch_hash_tensors()
     original = c10d._new_process_group_helper
     signature = inspect.signature(original)
@@ -450,11 +450,11 @@ def _patch_distributed() -> None:
             return original(*args, **kwargs)
         bound.arguments["backend"] = c10d.Backend(translated)
         bound.arguments["backend_options"] = None  # NCCL's options mean nothing here
-        _runtime.making_nccl.on = True  # the simulated backend holds it to NCCL's rules
+        _process_group.making_nccl.on = True  # the simulated backend holds it to NCCL's rules
         try:
             pg, prefix_store = original(*bound.args, **bound.kwargs)
         finally:
-            _runtime.making_nccl.on = False
+            _process_group.making_nccl.on = False
         if not isinstance(pg, c10d.ProcessGroup):
             return pg, prefix_store  # GroupMember.NON_GROUP_MEMBER: not in this group
         if "," not in str(backend or "") and ":" not in str(backend or ""):
@@ -655,12 +655,12 @@ def _patch_compile(torch) -> None:
     triton_utils.has_triton = lambda: False
     triton_utils.has_triton_package = lambda: False
 
-    from sgpu import _runtime
+    from sgpu import _imports
 
     def patch_triton(jit) -> None:
         jit.JITFunction.run = _raiser("A Triton kernel", "is compiled for and launched on a GPU")
 
-    _runtime.after_import("triton.runtime.jit", patch_triton)
+    _imports.after_import("triton.runtime.jit", patch_triton)
 
 
 def _patch_extensions(torch, native) -> None:
@@ -687,9 +687,9 @@ def _patch_extensions(torch, native) -> None:
 
             setattr(cpp_extension, name, functools.wraps(original)(covered))
 
-    from sgpu import _runtime
+    from sgpu import _imports
 
-    _runtime.after_import("torch.utils.cpp_extension", patch_cpp_extension)
+    _imports.after_import("torch.utils.cpp_extension", patch_cpp_extension)
 
 
 _LIBRARIES: list = []  # the torch.library registrations this module made, kept alive

@@ -84,11 +84,11 @@ def _restore_sources(function, header: dict) -> None:
 
 
 def main() -> None:
-    from sgpu import _native, _runtime
+    from sgpu import _native, _runtime, _stacks
 
     _native.enter_rank()
     rank = _runtime.get_global_rank()
-    _runtime.arm_python_stacks(_native)
+    _stacks.arm_python_stacks(_native)
     # A rank forked from the fork server keeps the server's torch thread count otherwise.
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
