@@ -64,7 +64,7 @@
 #include "contract/collective_ring.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
-#include "launcher/accounting.h"
+#include "rank/accounting.h"
 #include "sgpu/parallel/ddp.h"
 #include "sgpu/parallel/fsdp.h"
 #include "sgpu/parallel/group.h"
@@ -91,7 +91,7 @@ struct Timing {
   std::int64_t peak_bytes = 0;  // allocated device memory; 0 when not counted
   // The rank's collectives per training step, from its own accounting.
   double comm_bytes = 0, collectives = 0, predicted_seconds = 0;
-  // Its kernels per training step, on the roofline (launcher/operator_timer.h).
+  // Its kernels per training step, on the roofline (rank/operator_timer.h).
   double flops = 0, compute_seconds = 0;
   template <class Archive>
   void serialize(Archive& ar) {
@@ -120,7 +120,7 @@ struct CommSoFar {
 };
 CommSoFar comm_so_far() {
   CommSoFar so_far;
-  const sgpu::ComputeTotals compute = sgpu::launcher::rank_compute_stats().total();
+  const sgpu::ComputeTotals compute = sgpu::rank::rank_compute_stats().total();
   so_far.flops = compute.flops;
   so_far.compute_seconds = compute.predicted_seconds;
   const auto env = sgpu::contract::read_rank_environment();

@@ -2,7 +2,7 @@
 include(CMakePackageConfigHelpers)
 
 set(_sgpu_exported sgpu_headers sgpu_errors sgpu_contract sgpu_model sgpu_collectives sgpu_serialize sgpu_backend sgpu_sim sgpu_backends
-  sgpu_rendezvous sgpu_tracking sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
+  sgpu_rendezvous sgpu_tracking sgpu_rank sgpu_nodes sgpu_launcher sgpu sgpu_parallel sgpu_checkpoint sgpu_data)
 if(SGPU_WITH_CUDA)
   list(APPEND _sgpu_exported sgpu_backend_cuda)
 endif()

@@ -5,7 +5,7 @@
 // alike when r % P == s % P. Ranks 0 to P-1 run, one for each class, and, where the plan
 // asks for one, the last rank of the world, a second of its class, so that what the program
 // does on one rank of a class can be held against another. The launcher folds a simulated
-// world's nodes (sim_fold, launcher::folds_nodes): P is a node's ranks, node 0's run, each
+// world's nodes (sim_fold, nodes::folds_nodes): P is a node's ranks, node 0's run, each
 // standing for its place on every node, and the world's last rank runs as a second, whose
 // collectives the launcher holds against node 0's rank of its place at the end: where they
 // differ the call fails; where only the memory peaks differ (uneven shards), the second's

@@ -38,15 +38,15 @@
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
-#include "launcher/accounting.h"
 #include "launcher/call_plan.h"
 #include "launcher/fork_server.h"
 #include "launcher/launcher.h"
-#include "launcher/nodes.h"
-#include "launcher/rank_group.h"
-#include "launcher/rank_main.h"
-#include "launcher/rank_protocol.h"
 #include "model/kernels.h"
+#include "nodes/nodes.h"
+#include "rank/accounting.h"
+#include "rank/rank_group.h"
+#include "rank/rank_main.h"
+#include "rank/rank_protocol.h"
 #include "rendezvous/peer_names.h"
 #include "serialize/error_record.h"
 #include "serialize/record.h"
@@ -355,7 +355,7 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
 // elsewhere.
 std::optional<std::pair<int, int>> nodes_here(const py::dict& given) {
   const Options options = contract::with_environment(options_from(given));
-  if (!launcher::nodes_may_be_here(options)) return std::nullopt;
+  if (!nodes::nodes_may_be_here(options)) return std::nullopt;
   if (options.nnodes > 1) return std::make_pair(options.nnodes, options.gpus);
   // A node whose GPUs CUDA_VISIBLE_DEVICES narrows is this one: more GPUs than it leaves
   // are a mismatch, as on a GPU node.
@@ -390,18 +390,18 @@ std::vector<std::string> serve_forks() {
 
 // The rank's side.
 
-py::bytes read_call() { return py::bytes(launcher::read_call(serialize::RecordKind::kWorkerCall)); }
+py::bytes read_call() { return py::bytes(rank::read_call(serialize::RecordKind::kWorkerCall)); }
 
-void bind_device() { launcher::bind_rank_device(); }
+void bind_device() { rank::bind_rank_device(); }
 
 void write_result(const py::bytes& result, std::size_t limit) {
-  launcher::write_result(std::string_view(result), limit);
+  rank::write_result(std::string_view(result), limit);
 }
 
 void write_error(std::string type, std::string message, std::vector<std::string> traceback,
                  std::optional<py::bytes> exception) {
-  launcher::write_error({std::move(type), std::move(message), std::move(traceback),
-                         exception ? std::optional<std::string>(*exception) : std::nullopt});
+  rank::write_error({std::move(type), std::move(message), std::move(traceback),
+                     exception ? std::optional<std::string>(*exception) : std::nullopt});
 }
 
 py::object read_exception(const std::string& rank_dir, std::size_t limit) {
@@ -442,7 +442,7 @@ void count_compute(const std::string& op, const std::string& dtype, double flops
                    const std::string& kind, double batch, double m, double n, double k) {
   const std::optional<sgpu::model::KernelKind> parsed = sgpu::model::parse_kernel_kind(kind);
   if (!parsed) throw py::value_error("not a kind of kernel: " + kind);
-  sgpu::launcher::count_compute(op, dtype, flops, bytes, {*parsed, batch, m, n, k});
+  sgpu::rank::count_compute(op, dtype, flops, bytes, {*parsed, batch, m, n, k});
 }
 
 // torch.distributed's creator for the "sgpu" backend: the process group the backend of
@@ -463,7 +463,7 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
         "simulated node (neither SGPU_RANK_BACKEND nor SGPU_BACKEND=sim in this process's "
         "environment); outside one, use \"gloo\" or \"nccl\", or run under `sgpu sim`");
   }
-  launcher::RankGroupRequest request;
+  rank::RankGroupRequest request;
   request.store = store;
   request.rank = rank;
   request.size = size;
@@ -472,7 +472,7 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
   request.as_nccl = as_nccl;
   request.backend = backend;
   py::gil_scoped_release release;
-  return launcher::make_rank_group(std::move(request));
+  return rank::make_rank_group(std::move(request));
 }
 
 // CUDA on sim (NOTE [CUDA on sim] in sim/cuda/sim_cuda.h): what sgpu._sim_cuda asks of the
@@ -659,26 +659,26 @@ void bind_rank_side(py::module_& m) {
   m.def("enter_rank", [] {
     // Advice in a Python rank's errors spells settings as the caller wrote them.
     sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
-    sgpu::launcher::enter_worker_rank();
+    sgpu::rank::enter_worker_rank();
   });
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
-  m.def("arm_program_stacks", &sgpu::launcher::arm_program_stacks);
-  m.def("node_world_rank_dir", [] { return sgpu::launcher::node_world_rank_dir().string(); });
-  m.def("enter_program_shapes", &sgpu::launcher::enter_program_shapes);
+  m.def("arm_program_stacks", &sgpu::rank::arm_program_stacks);
+  m.def("node_world_rank_dir", [] { return sgpu::rank::node_world_rank_dir().string(); });
+  m.def("enter_program_shapes", &sgpu::rank::enter_program_shapes);
   m.def("record_program_figures", [] {
     py::gil_scoped_release release;
-    sgpu::launcher::record_program_figures();
+    sgpu::rank::record_program_figures();
   });
   m.def("end_rank", [](int code) {
     py::gil_scoped_release release;
-    sgpu::launcher::end_worker_rank(code);
+    sgpu::rank::end_worker_rank(code);
   });
   m.def("read_call", &read_call);
   m.def("memory_stats", [] { return sgpu::memory_stats(); });
   m.def("count_compute", &count_compute, py::arg("op"), py::arg("dtype"), py::arg("flops"),
         py::arg("bytes"), py::arg("kind") = "other", py::arg("batch") = 1.0, py::arg("m") = 0.0,
         py::arg("n") = 0.0, py::arg("k") = 0.0);
-  m.def("compute_stats", [] { return compute_dict(sgpu::launcher::rank_compute_stats()); });
+  m.def("compute_stats", [] { return compute_dict(sgpu::rank::rank_compute_stats()); });
   m.def("reset_peak_memory_stats", [] { sgpu::reset_peak_memory_stats(); });
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
   m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });

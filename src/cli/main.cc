@@ -30,8 +30,8 @@
 #include "cli/sim_command.h"
 #include "contract/front_end.h"
 #include "contract/option_table.h"
-#include "launcher/node_link.h"
-#include "launcher/nodes.h"
+#include "nodes/node_link.h"
+#include "nodes/nodes.h"
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
 #include "tracking/pending.h"
@@ -52,7 +52,7 @@ int info() {
   std::cout << "\n";
   // The engine this process runs under, and the place `sgpu run` would take.
   try {
-    const sgpu::launcher::NodePlan plan = sgpu::launcher::plan_nodes(sgpu::Options{});
+    const sgpu::nodes::NodePlan plan = sgpu::nodes::plan_nodes(sgpu::Options{});
     std::cout << "nodes: " << (plan.engine.empty() ? "no engine detected" : plan.engine);
     std::cout << "; sgpu run would be " << plan.describe() << "\n";
   } catch (const sgpu::ConfigError& e) {
@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
   // Advice in messages names this command's flags (NOTE [Front ends]).
   sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCommand);
   // A node of a launch that loses node 0's store says so in its own words.
-  sgpu::launcher::quiet_store_warnings();
+  sgpu::nodes::quiet_store_warnings();
   CLI::App app{"sgpu: run one program or function on every GPU of a node, real or simulated"};
   app.require_subcommand(1);
   app.footer(

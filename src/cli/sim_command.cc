@@ -23,6 +23,7 @@
 #include "backend/backend_table.h"
 #include "contract/node_memory.h"
 #include "contract/option_table.h"
+#include "contract/process_tree.h"
 #include "contract/rank_env.h"
 #include "launcher/launcher.h"
 #include "launcher/node_watch.h"
@@ -126,7 +127,7 @@ void end_what_is_left() {
   const auto until = std::chrono::steady_clock::now() + kLeftBehindGrace;
   std::vector<pid_t> left;
   int status = 0;
-  while (!(left = launcher::children_of_this_process()).empty() &&
+  while (!(left = contract::children_of_this_process()).empty() &&
          std::chrono::steady_clock::now() < until) {
     while (::waitpid(-1, &status, WNOHANG) > 0) {
     }
@@ -137,7 +138,7 @@ void end_what_is_left() {
             << " the command left running (";
   for (std::size_t i = 0; i < left.size(); ++i) std::cerr << (i == 0 ? "pid " : ", ") << left[i];
   std::cerr << ")" << std::endl;
-  launcher::kill_descendants(::getpid());
+  contract::kill_descendants(::getpid());
   while (::waitpid(-1, &status, 0) > 0 || errno == EINTR) {
   }
 }

@@ -1,6 +1,6 @@
 // The rank's step timeline (NOTE [The step's timeline] in model/kernels.h), one a process:
 // the compute estimate puts each operator's kernel on the current stream
-// (launcher/accounting.cc), the recorder each collective on its group's channel and each
+// (rank/accounting.cc), the recorder each collective on its group's channel and each
 // wait on the stream that waits (recorder.cc), and CUDA on sim's events carry a stream's
 // point to another (sim/cuda/guard.cc). The current stream is what CUDA on sim says it is
 // (read_current_stream_from); everything is on one stream where nothing says (a C++ rank

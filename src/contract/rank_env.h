@@ -8,12 +8,20 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace sgpu::contract {
+
+// The fd number the caller's lifeline has in every rank process (NOTE [Abrupt ends]): a
+// rank watches it, and end-of-file there means the caller is gone.
+inline constexpr int kRankLifelineFd = 3;
+// How many of a rank's last output lines the caller keeps for the call's error: what a
+// rank writes as it crashes (its backtrace's frames) is held within them.
+inline constexpr std::size_t kRankTailLines = 20;
 
 // torchrun's.
 // What sim ranks compute, "values" or "shapes" (Options::sim_compute): the simulated

@@ -4,7 +4,7 @@
 
 #include "contract/option_table.h"
 #include "launcher/launcher.h"
-#include "launcher/program.h"
+#include "rank/program.h"
 #include "sgpu/options.h"
 
 namespace sgpu {
@@ -25,8 +25,8 @@ std::shared_ptr<Call> start_program(const Options& options, std::vector<std::str
   return launcher::start_program(options, std::move(command));
 }
 
-serialize::CodeAddress locate_code(const void* address) { return launcher::locate_code(address); }
+serialize::CodeAddress locate_code(const void* address) { return rank::locate_code(address); }
 
-std::string code_name(const void* address) { return launcher::code_name(address); }
+std::string code_name(const void* address) { return rank::code_name(address); }
 
 }  // namespace sgpu::detail

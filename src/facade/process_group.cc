@@ -4,7 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "contract/rank_env.h"
-#include "launcher/rank_group.h"
+#include "rank/rank_group.h"
 #include "rendezvous/peer_names.h"
 #include "sgpu/errors.h"
 #include "sgpu/runtime.h"
@@ -23,12 +23,12 @@ c10d::Backend& process_group() {
     store_options.port = static_cast<std::uint16_t>(env.master_port);
     store_options.isServer = false;
     store_options.timeout = env.group_timeout;
-    launcher::RankGroupRequest request;
+    rank::RankGroupRequest request;
     request.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     request.rank = env.rank;
     request.size = env.world_size;
     request.timeout = env.group_timeout;
-    group = new c10::intrusive_ptr<c10d::Backend>(launcher::make_rank_group(std::move(request)));
+    group = new c10::intrusive_ptr<c10d::Backend>(rank::make_rank_group(std::move(request)));
   });
   return **group;
 }

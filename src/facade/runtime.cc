@@ -3,8 +3,8 @@
 #include "backend/backend_table.h"
 #include "contract/rank_env.h"
 #include "launcher/fork_server.h"
-#include "launcher/program.h"
-#include "launcher/rank_main.h"
+#include "rank/program.h"
+#include "rank/rank_main.h"
 
 namespace sgpu {
 namespace {
@@ -16,14 +16,14 @@ int rank_env_int(const char* name, int fallback) {
 }  // namespace
 
 void init(int argc, char** argv) {
-  launcher::set_program_args(argc, argv);
-  if (launcher::started_as_rank()) launcher::run_rank();
-  if (launcher::started_as("program")) launcher::run_program(argv);
+  rank::set_program_args(argc, argv);
+  if (rank::started_as_rank()) rank::run_rank();
+  if (rank::started_as("program")) rank::run_program(argv);
   if (launcher::started_as_fork_server()) launcher::run_fork_server();
 }
 
 // A function's rank, or a worker's (a Python rank: launcher.h, WorkerCall).
-bool is_rank() { return launcher::started_as_rank() || launcher::started_as("worker"); }
+bool is_rank() { return rank::started_as_rank() || rank::started_as("worker"); }
 
 // Outside a rank, the caller is rank 0 of a world of one on the CPU. Each reads its own
 // variable only: user code may call these every step.

@@ -16,8 +16,8 @@
 #include "backend/backend_table.h"
 #include "contract/front_end.h"
 #include "contract/option_table.h"
-#include "launcher/program.h"
 #include "launcher/rank_starter.h"
+#include "rank/program.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::launcher {
@@ -59,7 +59,7 @@ void check_options(const Options& options) {
       }
     }
   }
-  if (started_as_rank() || started_as("worker")) {
+  if (rank::started_as_rank() || rank::started_as("worker")) {
     throw ConfigError("a distributed call was made inside a rank; nested calls are not supported");
   }
 }
@@ -79,7 +79,7 @@ Options within_the_clocks(Options options) {
 
 }  // namespace
 
-Options resolve_options(const Options& given, const NodePlan& nodes) {
+Options resolve_options(const Options& given, const nodes::NodePlan& nodes) {
   backend::check_backend_name(given.backend);  // refused whatever SGPU_BACKEND says
   Options options = within_the_clocks(contract::with_environment(given));
   options.nnodes = nodes.nnodes;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backend/selection.h"
-#include "launcher/nodes.h"
 #include "launcher/rank_program.h"
+#include "nodes/nodes.h"
 #include "sgpu/options.h"
 
 namespace sgpu::launcher {
@@ -23,7 +23,7 @@ void check_option_values(const Options& options);
 // Step 1: the options as given, as the SGPU_* variables set them (contract::with_environment,
 // NOTE [The option table]), their durations within the clocks, with this node's place
 // (nnodes, node_rank), checked. `nodes` is plan_nodes(given).
-Options resolve_options(const Options& given, const NodePlan& nodes);
+Options resolve_options(const Options& given, const nodes::NodePlan& nodes);
 
 struct CallPlan {
   Options options;  // resolve_options's

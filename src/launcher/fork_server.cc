@@ -21,8 +21,9 @@
 #include <system_error>
 #include <thread>
 
-#include "launcher/program.h"
-#include "launcher/rank_main.h"
+#include "contract/rank_env.h"
+#include "rank/program.h"
+#include "rank/rank_main.h"
 #include "sgpu/internal/values.h"
 
 extern char** environ;
@@ -241,7 +242,7 @@ class ServerHandle {
 
 std::vector<std::string> own_server_command() {
   std::vector<std::string> command{"/proc/self/exe"};
-  command.insert(command.end(), program_args().begin(), program_args().end());
+  command.insert(command.end(), rank::program_args().begin(), rank::program_args().end());
   return command;
 }
 
@@ -384,8 +385,8 @@ std::vector<std::string> become_rank(const Message& request, std::vector<UniqueF
   ::dup2(null_fd, 0);
   ::dup2(fds.at(0).get(), 1);
   ::dup2(fds.at(1).get(), 2);
-  ::dup2(kServerLifelineFd, kRankLifelineFd);
-  ::closefrom(kRankLifelineFd + 1);
+  ::dup2(kServerLifelineFd, contract::kRankLifelineFd);
+  ::closefrom(contract::kRankLifelineFd + 1);
   for (UniqueFd& fd : fds) fd.release();  // closed just above
   if (::chdir(request.cwd.c_str()) != 0) {
     const std::string text =
@@ -469,13 +470,17 @@ std::unique_ptr<RankStarter> make_fork_server_starter(const std::vector<std::str
   return std::make_unique<ForkServerStarter>(command);
 }
 
+std::unique_ptr<RankStarter> make_starter(StartMethod method) {
+  return method == StartMethod::kExec ? make_exec_starter() : make_fork_server_starter();
+}
+
 pid_t fork_server_pid() { return ServerHandle::instance(own_server_command()).pid(); }
 
 pid_t fork_server_pid(const std::vector<std::string>& command) {
   return ServerHandle::instance(command).pid();
 }
 
-bool started_as_fork_server() { return started_as(kForkServerRole); }
+bool started_as_fork_server() { return rank::started_as(kForkServerRole); }
 
 void run_fork_server() {
   ForkHooks hooks;
@@ -490,7 +495,7 @@ void run_fork_server() {
   for (std::string& var : strings) pointers.push_back(var.data());
   pointers.push_back(nullptr);
   environ = pointers.data();
-  run_rank();
+  rank::run_rank();
 }
 
 std::vector<std::string> serve_forks(const ForkHooks& hooks) {

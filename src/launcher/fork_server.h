@@ -37,6 +37,8 @@ inline constexpr const char* kForkServerImportsVar = "SGPU_FORK_SERVER_IMPORTS";
 
 // A starter whose ranks come from this caller's fork server, started on first use.
 std::unique_ptr<RankStarter> make_fork_server_starter();
+// The starter `method` names: exec (rank_starter.h), else this caller's fork server.
+std::unique_ptr<RankStarter> make_starter(StartMethod method);
 // The same with another program as the server: `command` (its path, then its whole argv,
 // argv[0] included) must
 // answer as this binary's server does, by calling serve_forks() (the Python fork server,

@@ -29,7 +29,6 @@
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
-#include "launcher/accounting.h"
 #include "launcher/call_end.h"
 #include "launcher/call_plan.h"
 #include "launcher/failure_table.h"
@@ -38,14 +37,15 @@
 #include "launcher/interrupt.h"
 #include "launcher/log_stream.h"
 #include "launcher/monitor.h"
-#include "launcher/node_link.h"
-#include "launcher/nodes.h"
-#include "launcher/peers.h"
 #include "launcher/process.h"
 #include "launcher/rank_environment.h"
 #include "launcher/rank_program.h"
 #include "launcher/rank_starter.h"
 #include "launcher/stacks.h"
+#include "nodes/node_link.h"
+#include "nodes/nodes.h"
+#include "nodes/peers.h"
+#include "rank/accounting.h"
 #include "rendezvous/store.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
@@ -77,7 +77,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   // console and caught_signals; a function's and a program's have the defaults).
   CallImpl(CallPlan plan, std::unique_ptr<RankProgram> program, const WorkerCall& front,
            std::filesystem::path run_dir, std::unique_ptr<tracking::CallRun> tracking,
-           std::unique_ptr<NodeLink> link)
+           std::unique_ptr<nodes::NodeLink> link)
       : program_(std::move(program)),
         options_(std::move(plan.options)),
         console_(front.console),
@@ -92,7 +92,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
         tracking_link_(tracking_ ? tracking_->link() : std::string()),
         cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
         link_(std::move(link)),
-        nodes_(link_ ? link_->plan() : NodePlan{}),
+        nodes_(link_ ? link_->plan() : nodes::NodePlan{}),
         folded_nodes_(plan.folded_nodes),
         node_host_(link_ ? link_->host_name() : std::string()) {}
 
@@ -254,8 +254,8 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   std::string folded_summary(bool held, const std::vector<MemoryStats>& memory) const {
     if (folded_nodes_ <= 1) return "";
     const auto [first, second] = folded_pair();
-    const std::string own = held ? memory_difference(slots_[first].rank, slots_[second].rank,
-                                                     memory[first], memory[second])
+    const std::string own = held ? rank::memory_difference(slots_[first].rank, slots_[second].rank,
+                                                           memory[first], memory[second])
                                  : "";
     const std::string first_rank = std::to_string(slots_[first].rank);
     std::string did =
@@ -299,8 +299,8 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     const auto ring = [&](std::size_t i) {
       return contract::read_collective_ring(slots_[i].folder.collective_ring());
     };
-    const std::string why =
-        collective_difference(slots_[first].rank, slots_[second].rank, ring(first), ring(second));
+    const std::string why = rank::collective_difference(slots_[first].rank, slots_[second].rank,
+                                                        ring(first), ring(second));
     if (why.empty()) return nullptr;
     return std::make_exception_ptr(
         Error("sgpu: the folded world does not hold: " + why + ". Node 0's ranks cannot stand " +
@@ -326,7 +326,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     rank.device_index = slot.device_index;
     rank.backend = backend_name_;
     rank.parent_pid = ::getpid();
-    rank.lifeline_fd = kRankLifelineFd;
+    rank.lifeline_fd = contract::kRankLifelineFd;
     rank.group_timeout = group_timeout();
     rank.recorder_entries = options_.recorder_entries;
     plan.run_id = link_ ? nodes_.id : run_dir_.filename().string();
@@ -501,8 +501,13 @@ class CallImpl final : public detail::Call, private MonitorHooks {
       pollfd fd{cancel_fd_.get(), POLLIN, 0};
       return InterruptScope::pending_signal() != 0 || ::poll(&fd, 1, 0) > 0;
     };
-    NodeReports heard = hear_reports(link_->exchange(mine, published, stop), nodes_, options_.gpus,
-                                     returns, std::move(mine_results), verdict);
+    nodes::NodeReports heard =
+        nodes::hear_reports(link_->exchange(mine, published, stop), nodes_, options_.gpus, returns,
+                            std::move(mine_results), verdict.outcome == Outcome::kSucceeded);
+    if (!heard.peer_failure.empty()) {  // a success here that another node's end undoes
+      verdict.outcome = Outcome::kPeerFailed;
+      verdict.reason = std::move(heard.peer_failure);
+    }
     peer_rows_ = std::move(heard.rows);
     peer_logs_ = std::move(heard.logs);
     node0_reported_ = heard.node0_reported;
@@ -647,7 +652,8 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     std::vector<ComputeStats> compute;
     for (const RankSlot& slot : slots_) {
       memory.push_back(serialize::read_memory_record(slot.folder.memory()).value_or(MemoryStats{}));
-      comm.push_back(comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
+      comm.push_back(
+          rank::comm_stats_of(contract::read_collective_ring(slot.folder.collective_ring())));
       compute.push_back(
           serialize::read_compute_record(slot.folder.compute()).value_or(ComputeStats{}));
     }
@@ -658,9 +664,10 @@ class CallImpl final : public detail::Call, private MonitorHooks {
     if ((program_->always_prints_figures() || shapes) && any_rank_on_console()) {
       const std::string whose = nodes_.several() ? "any rank of this node" : "any rank";
       // In shape-only compute the GPUs' memory is a point of the call: each rank's peaks.
-      for (const std::string& line : {folded_summary(!unheld, memory), comm_summary(comm, whose),
-                                      compute_summary(compute, comm, whose),
-                                      shapes ? memory_summary(memory, launched_ranks()) : ""}) {
+      for (const std::string& line :
+           {folded_summary(!unheld, memory), rank::comm_summary(comm, whose),
+            rank::compute_summary(compute, comm, whose),
+            shapes ? rank::memory_summary(memory, launched_ranks()) : ""}) {
         if (line.empty()) continue;
         if (console_) {
           console_(STDERR_FILENO, line);
@@ -698,12 +705,12 @@ class CallImpl final : public detail::Call, private MonitorHooks {
   UniqueFd cancel_fd_;
   std::unique_ptr<RankStarter> starter_;
   std::unique_ptr<rendezvous::HostStore> store_;
-  std::unique_ptr<NodeLink> link_;      // several nodes: this node's link to the others
-  const NodePlan nodes_;                // this node's place; one node without a link
-  const int folded_nodes_;              // CallPlan::folded_nodes
-  const std::string node_host_;         // this node's host name, several nodes
-  std::vector<RankFailure> peer_rows_;  // the other nodes' ranks, from their reports
-  std::vector<std::string> peer_logs_;  // where the other nodes keep their logs
+  std::unique_ptr<nodes::NodeLink> link_;  // several nodes: this node's link to the others
+  const nodes::NodePlan nodes_;            // this node's place; one node without a link
+  const int folded_nodes_;                 // CallPlan::folded_nodes
+  const std::string node_host_;            // this node's host name, several nodes
+  std::vector<RankFailure> peer_rows_;     // the other nodes' ranks, from their reports
+  std::vector<std::string> peer_logs_;     // where the other nodes keep their logs
   std::optional<std::vector<std::string>> gathered_;  // several nodes: every rank's result
   bool node0_reported_ = true;  // false: node 0 sent no report, it shows nothing
   std::vector<RankSlot> slots_;
@@ -723,7 +730,7 @@ class CallImpl final : public detail::Call, private MonitorHooks {
 // Step 4: the call's run exists before any rank starts: one run per launch, node 0's,
 // which the other nodes' ranks log into.
 std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const RankProgram& program,
-                                                  const WorkerCall& front, NodeLink* link) {
+                                                  const WorkerCall& front, nodes::NodeLink* link) {
   const Options& options = plan.options;
   tracking::CallRunRequest request;
   request.tracking = options.tracking && options.node_rank <= 0;
@@ -768,16 +775,17 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
                                     const WorkerCall& front = {}) {
   // A folded world (NOTE [A folded world] in sim/fold.h) is one node's launch, node 0's
   // ranks standing for every node's.
-  const int folded_nodes = folds_nodes(contract::with_environment(given)) ? given.nnodes : 1;
+  const int folded_nodes = nodes::folds_nodes(contract::with_environment(given)) ? given.nnodes : 1;
   Options one = given;
   if (folded_nodes > 1) one.nnodes = 1;
   // This node's place (NOTE [Several nodes]); the options carry it from here on.
-  const NodePlan nodes = plan_nodes(one);
+  const nodes::NodePlan nodes = nodes::plan_nodes(one);
   Options options = resolve_options(one, nodes);
   // Over several nodes every node reaches node 0's store before anything else, so that
   // a node that cannot serve the launch stops all of them before any rank starts.
-  std::unique_ptr<NodeLink> link;
-  if (nodes.several()) link = std::make_unique<NodeLink>(nodes, options.gpus, options.rdzv_timeout);
+  std::unique_ptr<nodes::NodeLink> link;
+  if (nodes.several())
+    link = std::make_unique<nodes::NodeLink>(nodes, options.gpus, options.rdzv_timeout);
   CallPlan plan;
   try {
     plan = plan_call(std::move(options), *program, folded_nodes);

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "contract/rank_env.h"
 #include "launcher/process.h"
 
 namespace sgpu::launcher {
@@ -22,7 +23,7 @@ namespace sgpu::launcher {
 class LogStream {
  public:
   static constexpr std::size_t kMaxLine = 1 << 20;
-  static constexpr std::size_t kTailLines = 20;
+  static constexpr std::size_t kTailLines = contract::kRankTailLines;
 
   // Takes each whole console line ("[rank N] " prefix and newline included).
   using Sink = std::function<void(std::string_view)>;

@@ -12,11 +12,11 @@
 #include "contract/collective_ring.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
-#include "launcher/accounting.h"
 #include "launcher/call_end.h"
 #include "launcher/flight_recorder.h"
 #include "launcher/hang_diagnosis.h"
 #include "launcher/stacks.h"
+#include "rank/accounting.h"
 
 namespace sgpu::launcher {
 
@@ -183,8 +183,8 @@ void NodeWatch::judge(const fs::path& folder, World& world, const WorldRanks& ra
 
 void NodeWatch::sum_up(const fs::path& folder, const World& world, const WorldRanks& ranks) {
   std::vector<CommStats> stats;
-  for (const RankView& view : ranks.views) stats.push_back(comm_stats_of(view.ring));
-  std::string line = comm_summary(stats);
+  for (const RankView& view : ranks.views) stats.push_back(rank::comm_stats_of(view.ring));
+  std::string line = rank::comm_summary(stats);
   const std::string prefix = "sgpu: ";
   if (line.rfind(prefix, 0) == 0) line = line.substr(prefix.size());
   while (!line.empty() && line.back() == '\n') line.pop_back();

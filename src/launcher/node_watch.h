@@ -6,7 +6,7 @@
 //     however its ranks meet) agrees with the others on the world's name over the group's
 //     store, rank 0's pid and count, and records the collectives of the world and of its
 //     subgroups in <node>/world-<id>/rank-<N>/collectives.ring, its stacks dumped beside it
-//     (SGPU_NODE_DIR names the node's folder, contract::NodeFolder; launcher/rank_group.cc).
+//     (SGPU_NODE_DIR names the node's folder, contract::NodeFolder; rank/rank_group.cc).
 //   - The fault plan names a world's ranks (sim/process_group.cc): `start` is when the
 //     process joins the world, `collective=K` its K-th collective there.
 //   - `sgpu sim` reads the rings as a launch's hang watchdog does (NodeWatch), every

@@ -44,9 +44,6 @@ Pipe make_pipe();
 // Ranks watch the read end; end-of-file there means the caller is gone.
 int lifeline_read_fd();
 
-// The fd number the lifeline has in every rank process.
-inline constexpr int kRankLifelineFd = 3;
-
 struct SpawnRequest {
   std::string program;  // path to exec
   std::vector<std::string> argv;
@@ -75,15 +72,6 @@ std::optional<ExitStatus> peek_exit(pid_t pid);
 
 // Sends `signal` to the process group led by `pid` (no error when it is already gone).
 void signal_group(pid_t pid, int signal);
-
-// SIGKILLs every live descendant of `pid` (not `pid` itself), wherever they are: in a
-// session of their own too. A rank is a child subreaper, so what its children leave behind
-// is its child until it dies: this reaches everything it started, while it lives.
-void kill_descendants(pid_t pid);
-
-// Every child of this process, from /proc (their parent is this process: a subreaper's
-// adopted orphans among them).
-std::vector<pid_t> children_of_this_process();
 
 // Reaps an exited child.
 void reap(pid_t pid);

@@ -8,8 +8,8 @@
 #include "contract/rank_env.h"
 #include "contract/stack_dump.h"
 #include "launcher/fork_server.h"
-#include "launcher/program.h"
-#include "launcher/symbols.h"
+#include "rank/program.h"
+#include "rank/symbols.h"
 #include "serialize/record.h"
 #include "sgpu/errors.h"
 #include "sgpu/internal/values.h"
@@ -41,7 +41,7 @@ class FunctionRanks final : public RankProgram {
   const char* role() const override { return "rank"; }
 
   void check(const std::vector<std::string>& backend_env) const override {
-    if (program_args().empty()) {
+    if (rank::program_args().empty()) {
       throw ConfigError(
           "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
           "runs this binary again and starts there");
@@ -70,13 +70,14 @@ class FunctionRanks final : public RankProgram {
   void name_run(tracking::CallRunRequest& request) const override {
     if (!record_.function_name.empty()) {
       request.function_name = record_.function_name;
-      if (request.run_name.empty()) request.run_name = plain_name(record_.function_name);
+      if (request.run_name.empty()) request.run_name = rank::plain_name(record_.function_name);
       return;
     }
     // A function the binary keeps no name for (a stripped static one): its type.
-    request.function_name = "a function of type " + demangle(record_.signature);
-    if (request.run_name.empty() && !program_args().empty()) {
-      request.run_name = program_run_name({program_args().front()});  // the binary's name
+    request.function_name = "a function of type " + rank::demangle(record_.signature);
+    if (request.run_name.empty() && !rank::program_args().empty()) {
+      request.run_name =
+          rank::program_run_name({rank::program_args().front()});  // the binary's name
     }
   }
 
@@ -85,7 +86,7 @@ class FunctionRanks final : public RankProgram {
   SpawnRequest spawn() const override {
     SpawnRequest request;
     request.program = "/proc/self/exe";
-    request.argv = program_args();
+    request.argv = rank::program_args();
     return request;
   }
 
@@ -111,13 +112,13 @@ class ProgramRanks final : public RankProgram {
       request.function_name += (request.function_name.empty() ? "" : " ") + word;
     }
     // `python train.py` is train.py.
-    if (request.run_name.empty()) request.run_name = program_run_name(command_);
+    if (request.run_name.empty()) request.run_name = rank::program_run_name(command_);
   }
 
   std::string label() const override { return command_.front(); }
 
   // The rank starts as this binary in the program role, which arms the parent-death signal
-  // and then becomes the program (launcher/rank_main.h).
+  // and then becomes the program (rank/rank_main.h).
   SpawnRequest spawn() const override {
     SpawnRequest request;
     request.program = "/proc/self/exe";
@@ -190,7 +191,7 @@ class WorkerRanks final : public RankProgram {
   void name_run(tracking::CallRunRequest& request) const override {
     request.function_name = function_name_;
     if (request.run_name.empty() && !function_name_.empty()) {
-      request.run_name = plain_name(function_name_);
+      request.run_name = rank::plain_name(function_name_);
     }
   }
 

@@ -1,7 +1,7 @@
 // What a call's ranks run, and what their endings mean: one implementation per kind of rank.
 //
 //   function  a C++ function of this binary: each rank is this binary again (rank role),
-//             reads call.bin, writes its result or error record (launcher/rank_main.h);
+//             reads call.bin, writes its result or error record (rank/rank_main.h);
 //   program   `sgpu run`'s command: each rank is this binary in the program role, which
 //             supervises the command; success is exit 0, and it returns nothing;
 //   worker    a program that speaks the record protocol (python -m sgpu._worker), from its

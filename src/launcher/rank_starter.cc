@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <map>
 
-#include "launcher/fork_server.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::launcher {
@@ -54,10 +53,6 @@ std::unique_ptr<RankStarter> make_exec_starter() { return std::make_unique<ExecS
 
 StartMethod resolve_start_method(const Options& options) {
   return options.start_method == StartMethod::kExec ? StartMethod::kExec : StartMethod::kForkServer;
-}
-
-std::unique_ptr<RankStarter> make_starter(StartMethod method) {
-  return method == StartMethod::kExec ? make_exec_starter() : make_fork_server_starter();
 }
 
 }  // namespace sgpu::launcher

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "contract/process_tree.h"
 #include "launcher/process.h"
 #include "sgpu/options.h"
 
@@ -44,7 +45,7 @@ class RankStarter {
   // SIGKILLs everything the live rank started (a daemon in a session of its own too: while
   // the rank lives it is in its tree, a child subreaper's), then its group.
   virtual void kill_tree(pid_t pid) {
-    kill_descendants(pid);
+    contract::kill_descendants(pid);
     signal_group(pid, SIGKILL);
   }
 };
@@ -53,7 +54,5 @@ std::unique_ptr<RankStarter> make_exec_starter();
 
 // Options::start_method (as SGPU_START_METHOD leaves it): exec, else the fork server.
 StartMethod resolve_start_method(const Options& options);
-
-std::unique_ptr<RankStarter> make_starter(StartMethod method);
 
 }  // namespace sgpu::launcher

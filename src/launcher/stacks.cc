@@ -14,7 +14,7 @@
 
 #include "contract/atomic_file.h"
 #include "contract/stack_dump.h"
-#include "launcher/symbols.h"
+#include "rank/symbols.h"
 
 namespace sgpu::launcher {
 namespace {
@@ -94,19 +94,19 @@ class Symbolizer {
     if (it == space.mappings.end()) return std::string(hex);
     const std::string module = fs::path(it->path).filename();
     auto& table = tables_[it->path];
-    if (!table) table = SymbolTable::load(it->path);
+    if (!table) table = rank::SymbolTable::load(it->path);
     const auto base = space.base.count(it->path) ? space.base.at(it->path) : it->start;
     const std::uint64_t at = table->relocatable() ? address - base : address;
     // A return address is just past its call: look up the call itself.
     const std::string name = table->name_at(return_address && at > 0 ? at - 1 : at);
-    if (!name.empty()) return demangle(name) + " (" + module + ")";
+    if (!name.empty()) return rank::demangle(name) + " (" + module + ")";
     char offset[32];
     std::snprintf(offset, sizeof offset, "+0x%llx", static_cast<unsigned long long>(at));
     return std::string(hex) + " (" + module + offset + ")";
   }
 
  private:
-  std::map<std::string, std::shared_ptr<const SymbolTable>> tables_;
+  std::map<std::string, std::shared_ptr<const rank::SymbolTable>> tables_;
 };
 
 struct Pending {

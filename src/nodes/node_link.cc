@@ -1,4 +1,4 @@
-#include "launcher/node_link.h"
+#include "nodes/node_link.h"
 
 #include <algorithm>
 #include <map>
@@ -11,7 +11,7 @@
 #include "contract/host_name.h"
 #include "sgpu/errors.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 
 namespace {
 
@@ -340,4 +340,4 @@ std::vector<NodeLink::Told> NodeLink::exchange(const serialize::NodeReport& mine
   return out;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

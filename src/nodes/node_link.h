@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "launcher/nodes.h"
+#include "nodes/nodes.h"
 #include "rendezvous/store.h"
 #include "serialize/node_report.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 
 // For a process that reports a lost node itself (the sgpu command): c10's own warnings
 // off, unless TORCH_CPP_LOG_LEVEL asks for them (rendezvous::quiet_c10_warnings()).
@@ -117,4 +117,4 @@ class NodeLink {
   std::vector<Heard> heard_;  // per node: its last beat and when it changed
 };
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

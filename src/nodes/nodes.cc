@@ -1,4 +1,4 @@
-#include "launcher/nodes.h"
+#include "nodes/nodes.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include "contract/front_end.h"
 #include "sgpu/errors.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 
 namespace {
 
@@ -368,4 +368,4 @@ NodePlan plan_nodes(const Options& options, const EnvLookup& env) {
   return plan;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

@@ -15,7 +15,7 @@
 //   PMI (MPICH, Intel)    PMI_SIZE / PMI_RANK, node 0 at MASTER_ADDR
 // An explicit node count or rank that contradicts the engine is a ConfigError; an explicit
 // endpoint or id is used as given. Node 0 hosts the launch's store on HOST's address
-// (launcher/node_link.h says what the nodes tell each other there).
+// (nodes/node_link.h says what the nodes tell each other there).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@
 
 #include "sgpu/options.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 
 inline constexpr std::uint16_t kDefaultRdzvPort = 29500;  // torchrun's
 
@@ -73,4 +73,4 @@ std::vector<std::string> expand_hostlist(std::string_view list);
 std::pair<std::string, std::uint16_t> parse_endpoint(std::string_view text, std::uint16_t fallback,
                                                      const std::string& what);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

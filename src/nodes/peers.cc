@@ -1,22 +1,21 @@
-#include "launcher/peers.h"
+#include "nodes/peers.h"
 
 #include <exception>
 #include <utility>
 
 #include "sgpu/internal/values.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 namespace {
 
 std::string node_name(int node, const std::string& host) {
   return "node " + std::to_string(node) + " (" + host + ")";
 }
 
-// A launch that succeeded here fails for `why`; a failure here stands.
-void peer_failed(Verdict& verdict, std::string why) {
-  if (verdict.outcome != Outcome::kSucceeded) return;
-  verdict.outcome = Outcome::kPeerFailed;
-  verdict.reason = std::move(why);
+// A launch that succeeded here fails for `why`, the first reason found; a failure here
+// stands.
+void peer_failed(NodeReports& heard, bool succeeded_here, std::string why) {
+  if (succeeded_here && heard.peer_failure.empty()) heard.peer_failure = std::move(why);
 }
 
 // A node's published results; empty when it published none or bytes that hold none.
@@ -32,7 +31,7 @@ std::vector<std::string> results_of(const std::optional<std::string>& published)
 }  // namespace
 
 NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
-                         bool returns, std::vector<std::string> mine, Verdict& verdict) {
+                         bool returns, std::vector<std::string> mine, bool succeeded_here) {
   NodeReports heard;
   const auto nnodes = static_cast<std::size_t>(nodes.nnodes);
   std::vector<bool> reported(nnodes, false);
@@ -56,7 +55,7 @@ NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan
     for (const RankFailure& row : report.rows) {
       heard.rows.push_back(row);
       if (row.kind != RankFailure::Kind::kOk) {
-        peer_failed(verdict, name + " failed after this node's ranks had finished");
+        peer_failed(heard, succeeded_here, name + " failed after this node's ranks had finished");
       }
     }
   }
@@ -65,14 +64,15 @@ NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan
     if (reported[static_cast<std::size_t>(node)]) continue;
     const std::string gone = "node " + std::to_string(node) + " sent no report: its sgpu is gone";
     heard.logs.push_back(gone);
-    peer_failed(verdict, gone);
+    peer_failed(heard, succeeded_here, gone);
   }
   if (returns && !missing_results.empty()) {
-    peer_failed(verdict, missing_results +
-                             "'s ranks finished, but their results did not reach this node; its "
-                             "logs say more");
+    peer_failed(heard, succeeded_here,
+                missing_results +
+                    "'s ranks finished, but their results did not reach this node; its "
+                    "logs say more");
   }
-  if (returns && verdict.outcome == Outcome::kSucceeded && mine_read) {
+  if (returns && succeeded_here && heard.peer_failure.empty() && mine_read) {
     heard.results.emplace();
     for (auto& node_results : results) {
       for (std::string& result : node_results) heard.results->push_back(std::move(result));
@@ -81,4 +81,4 @@ NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan
   return heard;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

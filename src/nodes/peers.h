@@ -8,12 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "launcher/monitor.h"
-#include "launcher/node_link.h"
-#include "launcher/nodes.h"
+#include "nodes/node_link.h"
+#include "nodes/nodes.h"
 #include "sgpu/errors.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 
 struct NodeReports {
   std::vector<RankFailure> rows;  // the other nodes' ranks
@@ -22,13 +21,16 @@ struct NodeReports {
   // Every rank's results, in global rank order: when the ranks return results and the
   // launch succeeded with every node's arrived.
   std::optional<std::vector<std::string>> results;
+  // Why a launch that succeeded here fails after all: another node's rank failed, a node
+  // sent no report, or a node's results did not arrive (the first found). Empty when none
+  // of these, and when the launch failed here: a failure here stands.
+  std::string peer_failure;
 };
 
 // `told`: NodeLink::exchange's, this node's own report among it. `mine`: this node's
-// ranks' results, when they return results and were read (empty otherwise). A success
-// here becomes kPeerFailed when another node's rank failed, a node sent no report, or a
-// node's results did not arrive; any other verdict stands.
+// ranks' results, when they return results and were read (empty otherwise).
+// `succeeded_here`: whether the launch succeeded on this node.
 NodeReports hear_reports(const std::vector<NodeLink::Told>& told, const NodePlan& nodes, int gpus,
-                         bool returns, std::vector<std::string> mine, Verdict& verdict);
+                         bool returns, std::vector<std::string> mine, bool succeeded_here);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

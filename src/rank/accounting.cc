@@ -1,4 +1,4 @@
-#include "launcher/accounting.h"
+#include "rank/accounting.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include "collectives/timeline.h"
 #include "model/platform.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 std::string describe_bytes(std::int64_t bytes) {
@@ -333,4 +333,4 @@ std::map<std::string, double> comm_metrics(const CommStats& stats) {
   return metrics;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -14,7 +14,7 @@
 #include "sgpu/compute.h"
 #include "sgpu/memory.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 // The ring's totals per group and op; empty without a ring.
 CommStats comm_stats_of(const std::optional<contract::RingSnapshot>& ring);
@@ -72,4 +72,4 @@ std::string collective_difference(int first_rank, int second_rank,
 std::string memory_difference(int first_rank, int second_rank, const MemoryStats& first,
                               const MemoryStats& second);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -1,4 +1,4 @@
-#include "launcher/operator_timer.h"
+#include "rank/operator_timer.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -11,10 +11,10 @@
 #include <unordered_map>
 
 #include "collectives/interposer.h"
-#include "launcher/accounting.h"
 #include "model/kernels.h"
+#include "rank/accounting.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 double product(const std::vector<long>& sizes, std::size_t from = 0) {
@@ -271,4 +271,4 @@ void time_operators() {
   });
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -1,6 +1,6 @@
 // The compute estimate of a C++ function's rank computing values on sim (NOTE [The compute
 // model]): each aten operator that runs a kernel of its own, seen through libtorch's
-// RecordFunction, timed into the rank's account (launcher/accounting.h) as shape-only
+// RecordFunction, timed into the rank's account (rank/accounting.h) as shape-only
 // compute times a Python rank's (sgpu/_shapes.py): each outermost operator, the rank's
 // own call (aten::linear, not the addmm it runs), is one kernel: the bytes of its tensors
 // in and out, and its FLOPs (matmuls, convolutions, attention; its own formula's, or those
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 // From now on, in every thread of this process. Once; later calls do nothing.
 void time_operators();
@@ -21,4 +21,4 @@ void time_operators();
 double operator_flops(const std::string& name, const std::vector<std::vector<long>>& inputs,
                       const std::vector<std::vector<long>>& outputs);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -1,4 +1,4 @@
-#include "launcher/program.h"
+#include "rank/program.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -13,10 +13,10 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "launcher/symbols.h"
+#include "rank/symbols.h"
 #include "sgpu/internal/call.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 std::vector<std::string>& args_storage() {
@@ -165,4 +165,4 @@ std::string program_run_name(const std::vector<std::string>& command) {
   return program;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

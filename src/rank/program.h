@@ -11,7 +11,7 @@
 #include "contract/rank_env.h"
 #include "sgpu/internal/call_record.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 void set_program_args(int argc, char** argv);
 // Empty until sgpu::init ran.
@@ -38,4 +38,4 @@ std::string plain_name(const std::string& function_name);
 // ("python train.py" is train.py, "python -m pkg.run" is pkg.run).
 std::string program_run_name(const std::vector<std::string>& command);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

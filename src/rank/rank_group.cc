@@ -1,4 +1,4 @@
-#include "launcher/rank_group.h"
+#include "rank/rank_group.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 // The world a process on a simulated node joined last (NOTE [A node's worlds] in
@@ -110,4 +110,4 @@ c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request) {
   return backend::find_backend(name).process_groups().make(group);
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 struct RankGroupRequest {
   c10::intrusive_ptr<c10d::Store> store;
@@ -40,4 +40,4 @@ c10::intrusive_ptr<c10d::Backend> make_rank_group(RankGroupRequest request);
 // joined last, where its stacks are dumped; empty when none was made.
 std::filesystem::path node_world_rank_dir();
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -1,4 +1,4 @@
-#include "launcher/rank_main.h"
+#include "rank/rank_main.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -28,15 +28,14 @@
 #include "collectives/recorder.h"
 #include "contract/abrupt_end.h"
 #include "contract/atomic_file.h"
+#include "contract/process_tree.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "contract/stack_dump.h"
-#include "launcher/accounting.h"
-#include "launcher/log_stream.h"
-#include "launcher/operator_timer.h"
-#include "launcher/process.h"
-#include "launcher/program.h"
-#include "launcher/rank_protocol.h"
+#include "rank/accounting.h"
+#include "rank/operator_timer.h"
+#include "rank/program.h"
+#include "rank/rank_protocol.h"
 #include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
@@ -45,7 +44,7 @@
 #include "tracking/rank_logger.h"
 #include "tracking/run_logger.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 // The parent-death signal: its handler kills the rank's whole group, so that what the
@@ -68,7 +67,7 @@ void watch_lifeline(int fd) {
 
 // With the handler's own line, at least three lines of the tail are left to the rank's own.
 constexpr int kCrashFrames = 16;
-static_assert(kCrashFrames + 4 <= static_cast<int>(LogStream::kTailLines));
+static_assert(kCrashFrames + 4 <= static_cast<int>(contract::kRankTailLines));
 
 void on_crash(int signal) {
   contract::note_abrupt_end();  // NOTE [Abrupt ends]
@@ -79,7 +78,7 @@ void on_crash(int signal) {
                               name != nullptr ? name : "?");
   [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, head, static_cast<std::size_t>(n));
   // The innermost frames only: the call's error shows the last lines of the rank's stderr
-  // (LogStream::kTailLines), and what the rank wrote just before it crashed must stay in
+  // (contract::kRankTailLines), and what the rank wrote just before it crashed must stay in
   // them. A deep stack (a Python rank's, a test framework's) would push it out.
   void* frames[kCrashFrames];
   const int depth = ::backtrace(frames, kCrashFrames);
@@ -172,7 +171,7 @@ RankFigures write_rank_figures(const contract::RankEnvironment& env,
 }
 
 // The rank's figures written (write_rank_figures); its peaks, communication totals and
-// compute estimate (launcher/accounting.h) into the call's run, one point per rank: the
+// compute estimate (rank/accounting.h) into the call's run, one point per rank: the
 // step is the rank.
 void record_rank_figures() {
   if (!g_bound) return;
@@ -239,10 +238,10 @@ std::string current_exception_type() {
 // subreaper's, so its own children, wherever their session: killed and reaped at its end.
 void kill_orphans() {
   for (int round = 0; round < 10; ++round) {
-    kill_descendants(::getpid());
+    contract::kill_descendants(::getpid());
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
-    if (children_of_this_process().empty()) return;
+    if (contract::children_of_this_process().empty()) return;
     ::usleep(10'000);
   }
 }
@@ -263,7 +262,7 @@ void run_program(char** argv) {
   const contract::RankEnvironment env = contract::read_rank_environment();
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   install_guards();  // the parent check, parent-death signal, lifeline, crash reports
-  ::fcntl(kRankLifelineFd, F_SETFD, FD_CLOEXEC);
+  ::fcntl(contract::kRankLifelineFd, F_SETFD, FD_CLOEXEC);
   for (const char* var :
        {contract::kRoleVar, contract::kCallFileVar, contract::kParentVar, contract::kLifelineVar})
     ::unsetenv(var);
@@ -383,4 +382,4 @@ void run_rank() {
   end_rank(0);
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -5,7 +5,7 @@
 // runs the staged function and writes rank-<N>/result.bin or rank-<N>/error.json.
 #pragma once
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 [[noreturn]] void run_rank();
 
@@ -36,4 +36,4 @@ void bind_rank_device();
 // and drops sgpu's own, then becomes the program named by argv (found on PATH).
 [[noreturn]] void run_program(char** argv);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

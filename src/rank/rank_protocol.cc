@@ -1,4 +1,4 @@
-#include "launcher/rank_protocol.h"
+#include "rank/rank_protocol.h"
 
 #include <chrono>
 #include <utility>
@@ -7,7 +7,7 @@
 #include "contract/run_folder.h"
 #include "serialize/error_record.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 std::string read_call(serialize::RecordKind kind) {
   return serialize::read_record_file(contract::read_rank_environment().call_file, kind,
@@ -36,4 +36,4 @@ void write_error(RankError error) {
   serialize::write_error_record(folder.error(), record);
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -12,7 +12,7 @@
 
 #include "serialize/record.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 // The staged call (call.bin) as a record of `kind`.
 std::string read_call(serialize::RecordKind kind);
@@ -31,4 +31,4 @@ struct RankError {
 // the rank failed), then error.json with the rank and the time.
 void write_error(RankError error);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

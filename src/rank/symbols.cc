@@ -1,4 +1,4 @@
-#include "launcher/symbols.h"
+#include "rank/symbols.h"
 
 #include <cxxabi.h>
 #include <elf.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 std::shared_ptr<const SymbolTable> SymbolTable::load(const std::string& file) {
   auto table = std::make_shared<SymbolTable>();
@@ -84,4 +84,4 @@ std::string demangle(const std::string& symbol) {
   return status == 0 && text ? text.get() : symbol;
 }
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 
 class SymbolTable {
  public:
@@ -36,4 +36,4 @@ class SymbolTable {
 // The demangled name, or `symbol` itself when it is not a mangled C++ name.
 std::string demangle(const std::string& symbol);
 
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -38,7 +38,7 @@ class HostStore {
   std::uint16_t port_ = 0;
 };
 
-// A client of a store, for the launcher's own keys (launcher/node_link.h). Every
+// A client of a store, for the launcher's own keys (nodes/node_link.h). Every
 // operation throws std::runtime_error when the store is gone.
 class StoreClient {
  public:

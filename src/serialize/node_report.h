@@ -1,5 +1,5 @@
 // What a node of a launch over several nodes tells node 0 once its ranks are gone
-// (launcher/node_link.h): its host, its run folder and one row per rank. JSON:
+// (nodes/node_link.h): its host, its run folder and one row per rank. JSON:
 //   {"node": K, "host": ..., "run_dir": ..., "rows": [{"rank": ..., "kind": "exit code", ...}]}
 #pragma once
 

@@ -3,7 +3,7 @@
 // Created at the first logging call from the variables the launcher gives the rank
 // (MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, SGPU_RANK_DIR for the spool); absent when the call
 // is not tracked (SGPU_TRACKING=off, or no MLFLOW_RUN_ID). The launcher's rank code
-// closes it when the function returns or throws, and on SIGTERM (launcher/rank_main.cc),
+// closes it when the function returns or throws, and on SIGTERM (rank/rank_main.cc),
 // since a rank ends with _exit and no destructor would flush it.
 #pragma once
 

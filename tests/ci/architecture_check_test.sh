@@ -46,11 +46,15 @@ forbidden() {
 forbidden "the launcher including the simulated backend" src/launcher/process.cc \
   '#include "sim/sim_backend.h"' '^src/launcher/process.cc:@: launcher may not include sim/sim_backend.h \(sim\)'
 forbidden "a public header including the launcher" src/sgpu/options.h \
-  '#include "launcher/program.h"' '^src/sgpu/options.h:@: public header includes src/launcher/program.h'
+  '#include "rank/program.h"' '^src/sgpu/options.h:@: public header includes src/rank/program.h'
 forbidden "the backend interface including libtorch" src/backend/backend.h \
   '#include <torch/csrc/distributed/c10d/Backend.hpp>' '^src/backend/backend.h:@: backend may not include torch/.* \(libtorch\)'
-forbidden "tracking including the launcher" src/tracking/store.cc \
-  '#include "launcher/program.h"' '^src/tracking/store.cc:@: tracking may not include'
+forbidden "tracking including the rank's side" src/tracking/store.cc \
+  '#include "rank/program.h"' '^src/tracking/store.cc:@: tracking may not include'
+forbidden "the rank's side including the caller's" src/rank/rank_protocol.cc \
+  '#include "launcher/process.h"' '^src/rank/rank_protocol.cc:@: rank may not include src/launcher/process.h \(launcher\)'
+forbidden "several nodes including the caller's" src/nodes/nodes.cc \
+  '#include "launcher/monitor.h"' '^src/nodes/nodes.cc:@: nodes may not include src/launcher/monitor.h \(launcher\)'
 forbidden "an example including an internal header" examples/hello_world.cc \
   '#include "backend/backend_table.h"' '^examples/hello_world.cc:@: examples may not include'
 forbidden "a benchmark including a test's helper" bench/bench_tracking.cc \

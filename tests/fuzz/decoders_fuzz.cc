@@ -30,8 +30,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "launcher/nodes.h"
 #include "model/platform.h"
+#include "nodes/nodes.h"
 #include "serialize/error_record.h"
 #include "serialize/node_report.h"
 #include "serialize/record.h"
@@ -169,11 +169,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       } catch (const std::invalid_argument&) {
       }
       try {
-        if (sgpu::launcher::expand_hostlist(input).empty() && !input.empty()) std::abort();
+        if (sgpu::nodes::expand_hostlist(input).empty() && !input.empty()) std::abort();
       } catch (const sgpu::ConfigError&) {
       }
       try {
-        (void)sgpu::launcher::parse_endpoint(input, 29500, "fuzz");
+        (void)sgpu::nodes::parse_endpoint(input, 29500, "fuzz");
       } catch (const sgpu::ConfigError&) {
       }
       break;

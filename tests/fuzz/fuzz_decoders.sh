@@ -19,7 +19,7 @@ sources=(
   src/tracking/spool.cc src/tracking/log_batch.cc src/tracking/run_model.cc
   src/tracking/validation.cc src/tracking/pending_record.cc src/model/platform.cc
   src/contract/rank_env.cc src/sgpu/parallel/zero_config.cc
-  src/serialize/node_report.cc src/launcher/nodes.cc
+  src/serialize/node_report.cc src/nodes/nodes.cc
 )
 paths=("${sources[@]/#/$src/}")
 stale() {

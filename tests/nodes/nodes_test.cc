@@ -1,6 +1,6 @@
 // A node's place in a launch over several nodes (NOTE [Several nodes]): the flags, the
 // engines' variables, Slurm's host lists, and what the nodes tell each other at the end.
-#include "launcher/nodes.h"
+#include "nodes/nodes.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -11,7 +11,7 @@
 #include "serialize/node_report.h"
 #include "sgpu/errors.h"
 
-namespace sgpu::launcher {
+namespace sgpu::nodes {
 namespace {
 
 EnvLookup env_of(std::map<std::string, std::string> vars) {
@@ -298,4 +298,4 @@ TEST(NodeReport, RoundTripsEveryField) {
 }
 
 }  // namespace
-}  // namespace sgpu::launcher
+}  // namespace sgpu::nodes

@@ -1,7 +1,7 @@
-// What a node makes of the other nodes' reports (launcher/peers.h), with no network: every
+// What a node makes of the other nodes' reports (nodes/peers.h), with no network: every
 // way a launch that succeeded here can still fail elsewhere, and the results gathered in
 // global rank order only when every node's arrived.
-#include "launcher/peers.h"
+#include "nodes/peers.h"
 
 #include <gtest/gtest.h>
 
@@ -10,11 +10,9 @@
 namespace {
 
 using sgpu::RankFailure;
-using sgpu::launcher::hear_reports;
-using sgpu::launcher::NodeLink;
-using sgpu::launcher::NodePlan;
-using sgpu::launcher::Outcome;
-using sgpu::launcher::Verdict;
+using sgpu::nodes::hear_reports;
+using sgpu::nodes::NodeLink;
+using sgpu::nodes::NodePlan;
 
 constexpr int kGpus = 2;
 
@@ -48,13 +46,12 @@ std::vector<std::string> mine(int node) {
   return {"r" + std::to_string(node * kGpus), "r" + std::to_string(node * kGpus + 1)};
 }
 
-Verdict succeeded() { return Verdict{Outcome::kSucceeded, "", std::nullopt}; }
+constexpr bool kSucceededHere = true;
 
 TEST(Peers, EveryNodesResultsAreGatheredInGlobalRankOrder) {
-  Verdict verdict = succeeded();
-  const auto heard =
-      hear_reports({report(0), report(1), report(2)}, node(1), kGpus, true, mine(1), verdict);
-  EXPECT_EQ(verdict.outcome, Outcome::kSucceeded);
+  const auto heard = hear_reports({report(0), report(1), report(2)}, node(1), kGpus, true, mine(1),
+                                  kSucceededHere);
+  EXPECT_EQ(heard.peer_failure, "");
   ASSERT_TRUE(heard.results.has_value());
   EXPECT_EQ(*heard.results, (std::vector<std::string>{"r0", "r1", "r2", "r3", "r4", "r5"}));
   EXPECT_EQ(heard.rows.size(), 4u);  // the other two nodes' ranks
@@ -64,42 +61,40 @@ TEST(Peers, EveryNodesResultsAreGatheredInGlobalRankOrder) {
 }
 
 TEST(Peers, ARankThatFailedElsewhereFailsALaunchThatSucceededHere) {
-  Verdict verdict = succeeded();
   const auto heard = hear_reports({report(0), report(1, true, true), report(2)}, node(0), kGpus,
-                                  true, mine(0), verdict);
-  EXPECT_EQ(verdict.outcome, Outcome::kPeerFailed);
-  EXPECT_EQ(verdict.reason, "node 1 (n1) failed after this node's ranks had finished");
+                                  true, mine(0), kSucceededHere);
+  EXPECT_EQ(heard.peer_failure, "node 1 (n1) failed after this node's ranks had finished");
   EXPECT_FALSE(heard.results.has_value());
 }
 
 TEST(Peers, ANodeThatSentNoReportIsNamedAndFailsTheLaunch) {
-  Verdict verdict = succeeded();
-  const auto heard = hear_reports({report(1), report(2)}, node(1), kGpus, true, mine(1), verdict);
-  EXPECT_EQ(verdict.outcome, Outcome::kPeerFailed);
-  EXPECT_EQ(verdict.reason, "node 0 sent no report: its sgpu is gone");
+  const auto heard =
+      hear_reports({report(1), report(2)}, node(1), kGpus, true, mine(1), kSucceededHere);
+  EXPECT_EQ(heard.peer_failure, "node 0 sent no report: its sgpu is gone");
+  EXPECT_FALSE(heard.results.has_value());
   EXPECT_FALSE(heard.node0_reported);
   EXPECT_EQ(heard.logs.back(), "node 0 sent no report: its sgpu is gone");
 }
 
 TEST(Peers, ResultsThatDidNotArriveFailTheLaunchOnlyWhereRanksReturnResults) {
-  Verdict verdict = succeeded();
-  hear_reports({report(0), report(1, false)}, node(0, 2), kGpus, true, mine(0), verdict);
-  EXPECT_EQ(verdict.outcome, Outcome::kPeerFailed);
-  EXPECT_EQ(verdict.reason,
+  const auto function =
+      hear_reports({report(0), report(1, false)}, node(0, 2), kGpus, true, mine(0), kSucceededHere);
+  EXPECT_EQ(function.peer_failure,
             "node 1 (n1)'s ranks finished, but their results did not reach this node; its logs "
             "say more");
-  Verdict program = succeeded();  // a program's ranks return nothing
-  const auto heard =
-      hear_reports({report(0, false), report(1, false)}, node(0, 2), kGpus, false, {}, program);
-  EXPECT_EQ(program.outcome, Outcome::kSucceeded);
-  EXPECT_FALSE(heard.results.has_value());
+  EXPECT_FALSE(function.results.has_value());
+  // A program's ranks return nothing.
+  const auto program = hear_reports({report(0, false), report(1, false)}, node(0, 2), kGpus, false,
+                                    {}, kSucceededHere);
+  EXPECT_EQ(program.peer_failure, "");
+  EXPECT_FALSE(program.results.has_value());
 }
 
 TEST(Peers, AFailureHereStandsWhateverTheOthersSay) {
-  Verdict verdict{Outcome::kTimedOut, "", std::nullopt};
-  const auto heard =
-      hear_reports({report(0), report(1, true, true)}, node(0, 3), kGpus, false, {}, verdict);
-  EXPECT_EQ(verdict.outcome, Outcome::kTimedOut);
+  const auto heard = hear_reports({report(0), report(1, true, true)}, node(0, 3), kGpus, true,
+                                  mine(0), !kSucceededHere);
+  EXPECT_EQ(heard.peer_failure, "");  // the failure here is the launch's
+  EXPECT_FALSE(heard.results.has_value());
   EXPECT_EQ(heard.rows.size(), 2u);
   EXPECT_EQ(heard.logs.back(), "node 2 sent no report: its sgpu is gone");
 }

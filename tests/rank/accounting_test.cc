@@ -1,8 +1,8 @@
-// A rank's compute estimate (launcher/accounting.h, NOTE [The compute model]): what the
+// A rank's compute estimate (rank/accounting.h, NOTE [The compute model]): what the
 // rank counts, the record it leaves, the caller's summary line and the run's metrics, with
 // no process involved. The ctest runs it with SGPU_PLATFORM=h100-nvswitch, as a rank of a
 // simulated H100 node has it.
-#include "launcher/accounting.h"
+#include "rank/accounting.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include "serialize/memory_record.h"
 #include "testing/temp_dir.h"
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 ComputeStats two_ops(double scale) {
@@ -198,4 +198,4 @@ TEST(MemorySummary, SaysConsecutiveRanksWithTheSamePeaksOnce) {
 }
 
 }  // namespace
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

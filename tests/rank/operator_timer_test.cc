@@ -1,10 +1,10 @@
-// The FLOPs the operator timer (launcher/operator_timer.h) gives each operator: torch's
+// The FLOPs the operator timer (rank/operator_timer.h) gives each operator: torch's
 // flop counter's formulas (torch/utils/flop_counter.py), from the tensors' sizes alone.
-#include "launcher/operator_timer.h"
+#include "rank/operator_timer.h"
 
 #include <gtest/gtest.h>
 
-namespace sgpu::launcher {
+namespace sgpu::rank {
 namespace {
 
 // torch's flop counter's formulas (torch/utils/flop_counter.py), by operator.
@@ -31,4 +31,4 @@ TEST(OperatorFlops, AreTorchsFormulas) {
 }
 
 }  // namespace
-}  // namespace sgpu::launcher
+}  // namespace sgpu::rank

@@ -1,7 +1,7 @@
 // Names of functions and programs, as messages and MLflow runs show them: a function's
 // name is found for static and anonymous-namespace functions too (the binary's own symbol
 // table), and a run's name is the plain one, never a signature.
-#include "launcher/program.h"
+#include "rank/program.h"
 
 #include <gtest/gtest.h>
 
@@ -20,9 +20,9 @@ namespace outer {
 int in_namespace(std::string s) { return static_cast<int>(s.size()); }
 }  // namespace outer
 
-using sgpu::launcher::code_name;
-using sgpu::launcher::plain_name;
-using sgpu::launcher::program_run_name;
+using sgpu::rank::code_name;
+using sgpu::rank::plain_name;
+using sgpu::rank::program_run_name;
 
 TEST(CodeName, FindsFunctionsTheDynamicSymbolsLack) {
   EXPECT_EQ(code_name(reinterpret_cast<const void*>(&in_anonymous_namespace)),
