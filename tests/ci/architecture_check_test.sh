@@ -5,27 +5,8 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 check=$top/ci/check-architecture
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fresh_copy() {
-  rm -rf "$work/tree"
-  mkdir -p "$work/tree"
-  (cd "$top" && git ls-files --cached --others --exclude-standard -- '*.h' '*.cc' '*.in' docs/architecture.md |
-     while read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$work/tree")
-}
-expect() {  # expect STATUS PATTERN: run the check on the copy
-  local want=$1 pattern=$2 output status
-  output=$("$check" --root "$work/tree" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$output"; then
-    echo "FAIL: ${what}: exited $status (want $want), output lacks /$pattern/:"
-    echo "$output"
-    failures=$((failures + 1))
-  else
-    echo "ok: $what"
-  fi
-}
+paths=('*.h' '*.cc' '*.in' docs/architecture.md)
+source "$here/tree_copy.sh"
 mutate() {  # mutate FILE LINE: append LINE to FILE in a fresh copy
   fresh_copy
   echo "$2" >>"$work/tree/$1"

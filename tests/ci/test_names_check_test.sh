@@ -6,27 +6,8 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 check=$top/ci/check-test-names
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fresh_copy() {
-  rm -rf "$work/tree"
-  mkdir -p "$work/tree"
-  (cd "$top" && git ls-files --cached --others --exclude-standard -- src sim python/native tests |
-     while read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$work/tree")
-}
-expect() {  # expect STATUS PATTERN: run the check on the copy
-  local want=$1 pattern=$2 output status
-  output=$("$check" --root "$work/tree" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$output"; then
-    echo "FAIL: ${what}: exited $status (want $want), output lacks /$pattern/:"
-    echo "$output"
-    failures=$((failures + 1))
-  else
-    echo "ok: $what"
-  fi
-}
+paths=(src sim python/native tests)
+source "$here/tree_copy.sh"
 
 what="the tree as it is"
 fresh_copy
