@@ -215,13 +215,22 @@ void NodeLink::agree(const std::string& failure) {
               ", or raise " + contract::spell("rdzv_timeout"));
 }
 
-void NodeLink::share_run(const std::string& run) { store_->set("sgpu/run", run); }
+void NodeLink::share_run(const serialize::SharedRun& run) {
+  store_->set("sgpu/run", serialize::shared_run_json(run));
+}
 
-std::string NodeLink::node0_run() {
+serialize::SharedRun NodeLink::node0_run() {
   const auto deadline = Clock::now() + join_timeout_;
   while (Clock::now() < deadline) {
     if (Clock::now() >= next_beat_) beat();
-    if (auto run = store_->get("sgpu/run")) return *run;
+    if (auto run = store_->get("sgpu/run")) {
+      try {
+        return serialize::parse_shared_run(*run);
+      } catch (const std::invalid_argument& e) {
+        throw Error("node 0 at " + endpoint() + " shared no run of a launch (" + e.what() +
+                    "); is another program using its store?");
+      }
+    }
     if (auto failure = store_->get("sgpu/failure")) {
       throw Error("the launch failed before its ranks started: " +
                   failure->substr(failure->find('\n') + 1));

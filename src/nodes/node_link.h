@@ -62,11 +62,12 @@ class NodeLink {
   // has not reported within the join timeout.
   void agree(const std::string& failure);
 
-  // Node 0: the launch's run, for the others (`run` as sgpu/run holds it).
-  void share_run(const std::string& run);
+  // Node 0: the launch's run, for the others (an empty run_id: untracked).
+  void share_run(const serialize::SharedRun& run);
   // The other nodes: node 0's run, waiting for it within the join timeout. Throws Error
-  // when node 0's store goes away first, or node 0 says nothing in that time.
-  std::string node0_run();
+  // when node 0's store goes away first, node 0 says nothing in that time, or what it said
+  // is no run.
+  serialize::SharedRun node0_run();
 
   // While this node's ranks run (call it at least every 100 ms): beats, and says what
   // ends the launch from elsewhere: another node's failure, or a node gone silent.

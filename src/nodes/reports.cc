@@ -1,4 +1,4 @@
-#include "nodes/peers.h"
+#include "nodes/reports.h"
 
 #include <exception>
 #include <utility>

@@ -104,4 +104,20 @@ NodeReport parse_node_report(std::string_view json) {
   }
 }
 
+std::string shared_run_json(const SharedRun& run) {
+  return nlohmann::json{
+      {"uri", run.uri}, {"experiment_id", run.experiment_id}, {"run_id", run.run_id}}
+      .dump();
+}
+
+SharedRun parse_shared_run(std::string_view json) {
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(json);
+    return {doc.at("uri").get<std::string>(), doc.at("experiment_id").get<std::string>(),
+            doc.at("run_id").get<std::string>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("not a shared run: ") + e.what());
+  }
+}
+
 }  // namespace sgpu::serialize

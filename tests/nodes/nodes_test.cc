@@ -297,5 +297,21 @@ TEST(NodeReport, RoundTripsEveryField) {
   }
 }
 
+// What node 0 tells the others of the call's run round-trips, an untracked launch's (no run)
+// too; what is no such run is refused, never taken for one.
+TEST(SharedRun, RoundTripsAndRefusesWhatIsNoRun) {
+  const serialize::SharedRun run{"sqlite:////shared/mlflow.db", "7", "0123abcd"};
+  const serialize::SharedRun back = serialize::parse_shared_run(serialize::shared_run_json(run));
+  EXPECT_EQ(back.uri, run.uri);
+  EXPECT_EQ(back.experiment_id, "7");
+  EXPECT_EQ(back.run_id, "0123abcd");
+  const serialize::SharedRun none = serialize::parse_shared_run(serialize::shared_run_json({}));
+  EXPECT_EQ(none.run_id, "");
+  for (const char* bad :
+       {"", "{}", "uri\n7\nrun", R"({"uri":1,"experiment_id":"7","run_id":"r"})"}) {
+    EXPECT_THROW(serialize::parse_shared_run(bad), std::invalid_argument) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace sgpu::nodes

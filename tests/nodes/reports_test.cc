@@ -1,7 +1,7 @@
-// What a node makes of the other nodes' reports (nodes/peers.h), with no network: every
+// What a node makes of the other nodes' reports (nodes/reports.h), with no network: every
 // way a launch that succeeded here can still fail elsewhere, and the results gathered in
 // global rank order only when every node's arrived.
-#include "nodes/peers.h"
+#include "nodes/reports.h"
 
 #include <gtest/gtest.h>
 
@@ -48,7 +48,7 @@ std::vector<std::string> mine(int node) {
 
 constexpr bool kSucceededHere = true;
 
-TEST(Peers, EveryNodesResultsAreGatheredInGlobalRankOrder) {
+TEST(NodeReports, EveryNodesResultsAreGatheredInGlobalRankOrder) {
   const auto heard = hear_reports({report(0), report(1), report(2)}, node(1), kGpus, true, mine(1),
                                   kSucceededHere);
   EXPECT_EQ(heard.peer_failure, "");
@@ -60,14 +60,14 @@ TEST(Peers, EveryNodesResultsAreGatheredInGlobalRankOrder) {
   EXPECT_TRUE(heard.node0_reported);
 }
 
-TEST(Peers, ARankThatFailedElsewhereFailsALaunchThatSucceededHere) {
+TEST(NodeReports, ARankThatFailedElsewhereFailsALaunchThatSucceededHere) {
   const auto heard = hear_reports({report(0), report(1, true, true), report(2)}, node(0), kGpus,
                                   true, mine(0), kSucceededHere);
   EXPECT_EQ(heard.peer_failure, "node 1 (n1) failed after this node's ranks had finished");
   EXPECT_FALSE(heard.results.has_value());
 }
 
-TEST(Peers, ANodeThatSentNoReportIsNamedAndFailsTheLaunch) {
+TEST(NodeReports, ANodeThatSentNoReportIsNamedAndFailsTheLaunch) {
   const auto heard =
       hear_reports({report(1), report(2)}, node(1), kGpus, true, mine(1), kSucceededHere);
   EXPECT_EQ(heard.peer_failure, "node 0 sent no report: its sgpu is gone");
@@ -76,7 +76,7 @@ TEST(Peers, ANodeThatSentNoReportIsNamedAndFailsTheLaunch) {
   EXPECT_EQ(heard.logs.back(), "node 0 sent no report: its sgpu is gone");
 }
 
-TEST(Peers, ResultsThatDidNotArriveFailTheLaunchOnlyWhereRanksReturnResults) {
+TEST(NodeReports, ResultsThatDidNotArriveFailTheLaunchOnlyWhereRanksReturnResults) {
   const auto function =
       hear_reports({report(0), report(1, false)}, node(0, 2), kGpus, true, mine(0), kSucceededHere);
   EXPECT_EQ(function.peer_failure,
@@ -90,7 +90,7 @@ TEST(Peers, ResultsThatDidNotArriveFailTheLaunchOnlyWhereRanksReturnResults) {
   EXPECT_FALSE(program.results.has_value());
 }
 
-TEST(Peers, AFailureHereStandsWhateverTheOthersSay) {
+TEST(NodeReports, AFailureHereStandsWhateverTheOthersSay) {
   const auto heard = hear_reports({report(0), report(1, true, true)}, node(0, 3), kGpus, true,
                                   mine(0), !kSucceededHere);
   EXPECT_EQ(heard.peer_failure, "");  // the failure here is the launch's
