@@ -85,6 +85,10 @@ bool SimBackend::serve_cuda(int device_index) const {
 
 bool SimBackend::serves_cuda(const Options& options) const { return options.sim_cuda; }
 
+bool SimBackend::computes_shapes(const Options& options) const {
+  return sim::computes_shapes(options);
+}
+
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 
 }  // namespace sgpu::sim

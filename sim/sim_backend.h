@@ -39,6 +39,8 @@ class SimBackend final : public backend::Backend {
   // unless SGPU_SIM_CUDA=off, counting memory on each in device scopes.
   bool serve_cuda(int device_index) const override;
   bool serves_cuda(const Options& options) const override;
+  // Options::sim_compute (SGPU_SIM_COMPUTE stands in for it) is "shapes".
+  bool computes_shapes(const Options& options) const override;
 };
 
 // The node a call simulates: Options::sim_node (SGPU_SIM stands in for it: NOTE [The

@@ -66,6 +66,11 @@ class Backend {
   // Whether a call with `options` has its Python ranks serve_cuda(): its fork server then
   // prepares what they share ahead of the fork (sgpu._fork_server's --cuda-on-sim).
   virtual bool serves_cuda(const Options& options) const { return false; }
+
+  // Whether a call with `options` has its ranks compute shapes without data (sim's
+  // shape-only compute: Options::sim_compute "shapes"); ConfigError naming the option for a
+  // value the backend does not take. The default: ranks compute on data.
+  virtual bool computes_shapes(const Options& options) const { return false; }
 };
 
 }  // namespace sgpu::backend

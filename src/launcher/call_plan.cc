@@ -108,7 +108,7 @@ CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes
   plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend);
   plan.sim_node = inventory.sim_spec;
   plan.backend_env = chosen.rank_environment(world_options(options, folded_nodes));
-  program.check(plan.backend_env);
+  program.check(chosen.computes_shapes(world_options(options, folded_nodes)));
   if (const std::size_t size = program.payload_bytes(); size > options.max_payload_bytes) {
     throw ConfigError("the arguments take " + std::to_string(size) +
                       " bytes serialized, over max_payload_bytes (" +

@@ -40,7 +40,7 @@ class FunctionRanks final : public RankProgram {
 
   const char* role() const override { return "rank"; }
 
-  void check(const std::vector<std::string>& backend_env) const override {
+  void check(bool computes_shapes) const override {
     if (rank::program_args().empty()) {
       throw ConfigError(
           "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
@@ -49,8 +49,7 @@ class FunctionRanks final : public RankProgram {
     // Shapes without data are Python's, whose tensors can be fake ones: a C++ function's
     // ranks would compute on nothing and move nothing. A program's rank checks at its end
     // that the program ran in shapes (NOTE [A program's supervisor]).
-    const std::string shapes = std::string(contract::kSimComputeVar) + "=shapes";
-    if (std::find(backend_env.begin(), backend_env.end(), shapes) != backend_env.end()) {
+    if (computes_shapes) {
       throw ConfigError(contract::spell("sim_compute", "shapes") +
                         " is for Python code (the decorator's ranks, or a Python program under "
                         "sgpu run, whose tensors can be fake ones); a C++ function's ranks "

@@ -40,8 +40,10 @@ class RankProgram {
 
   // What a rank is told it is (contract/rank_env.h's role): "rank", "program" or "worker".
   virtual const char* role() const = 0;
-  // ConfigErrors this kind of call has before anything starts (after the options' own).
-  virtual void check(const std::vector<std::string>& backend_env) const {}
+  // ConfigErrors this kind of call has before anything starts (after the options' own);
+  // `computes_shapes`: the backend's ranks compute shapes without data
+  // (Backend::computes_shapes).
+  virtual void check(bool computes_shapes) const {}
   // Bytes staged for the ranks, checked against Options::max_payload_bytes.
   virtual std::size_t payload_bytes() const { return 0; }
   // Whether its ranks may fork from a warm server (else every rank is exec'd).

@@ -254,4 +254,27 @@ TEST(SimFaults, BadPlansAreConfigErrorsBeforeAnythingStarts) {
   }
 }
 
+// The launcher asks a backend whether a call's ranks compute shapes only, not its
+// environment's text: none does by default; sim does where sim_compute says "shapes" (its
+// environment variable standing in), and refuses what is neither, naming the option.
+TEST(BackendQuestions, OnlySimsShapeOnlyComputeComputesShapes) {
+  const sgpu::Options plain;
+  for (const auto& entry : sgpu::backend::backend_table()) {
+    EXPECT_FALSE(sgpu::backend::find_backend(entry.name).computes_shapes(plain)) << entry.name;
+  }
+  const sgpu::backend::Backend& sim = sgpu::backend::find_backend("sim");
+  sgpu::Options options;
+  options.sim_compute = "shapes";
+  EXPECT_TRUE(sim.computes_shapes(options));
+  options.sim_compute = "values";
+  EXPECT_FALSE(sim.computes_shapes(options));
+  options.sim_compute = "rows";
+  try {
+    sim.computes_shapes(options);
+    ADD_FAILURE() << "\"rows\" was taken for what ranks compute";
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sim_compute"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
