@@ -22,9 +22,15 @@ def _on_node() -> bool:
             and not env.get("SGPU_RANK_DIR"))
 
 
+# The words sgpu's option table takes for on and off (src/contract/option_table.cc; the native
+# module's environment_flag reads them so, which a test holds these to).
+_ON = ("on", "1", "true", "yes", "ON", "True")
+_OFF = ("off", "0", "false", "no", "OFF", "False")
+
+
 def _wanted() -> bool:
     env = os.environ
-    if env.get("SGPU_SIM_CUDA", "on") == "off" or "SGPU_ROLE" in env:
+    if env.get("SGPU_SIM_CUDA", "on") in _OFF or "SGPU_ROLE" in env:
         return False
     return (env.get("SGPU_RANK_BACKEND") == "sim" and bool(env.get("SGPU_RANK_DIR"))) or ON_NODE
 
@@ -71,9 +77,6 @@ if _wanted():
 # is said on stderr, once, where a stand-in is looked for, and leaves them unfound too: a
 # hook that every interpreter runs at its start must not stop them all.
 
-# The words sgpu's option table takes for on and off (src/contract/option_table.cc).
-_ON = ("on", "1", "true", "yes", "ON", "True")
-_OFF = ("off", "0", "false", "no", "OFF", "False")
 
 
 def _serverless_gpu_setting() -> str:

@@ -631,6 +631,12 @@ void bind_caller_side(py::module_& m) {
         py::arg("fork_server") = std::vector<std::string>(), py::arg("source_name") = std::string(),
         py::arg("server_imports") = std::vector<std::string>());
   m.def("option_table", &option_table);
+  // A true-or-false option's variable as its row reads it (contract::environment_flag):
+  // `unset` where unset; ConfigError naming the variable for a word that is neither on nor off.
+  m.def("environment_flag", [](const std::string& name, bool unset) {
+    if (contract::find_option(name) == nullptr) throw ConfigError("unknown option " + name);
+    return contract::environment_flag(name, unset);
+  });
   m.def("nodes_here", &nodes_here);
   // Whether the call folds its simulated nodes into one launch (NOTE [A folded world]):
   // sim_fold, the environment's override applied.

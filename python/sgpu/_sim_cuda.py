@@ -49,10 +49,30 @@ def on_node() -> bool:
     return bool(getattr(startup, "ON_NODE", False))
 
 
+_said_neither: list = []  # SGPU_SIM_CUDA's value said on stderr, once a process
+
+
+def _sim_cuda_on() -> bool:
+    """SGPU_SIM_CUDA as the option table reads it (on where unset). A word that is neither on
+    nor off is said on stderr once, and serves nothing: this runs as torch is imported, in
+    every process on the node, which it must not stop."""
+    from sgpu import _native
+    from sgpu.errors import ConfigError
+
+    try:
+        return _native.environment_flag("sim_cuda", True)
+    except ConfigError as e:
+        if not _said_neither:
+            _said_neither.append(True)
+            print(f"sgpu: {e}; this process's cuda devices are not the simulated node's",
+                  file=sys.stderr, flush=True)
+        return False
+
+
 def wanted() -> bool:
     """Whether this process's cuda devices are to be a simulated node's (it may not be yet):
     a rank of a sim launch, or a process on the node (on_node())."""
-    if os.environ.get("SGPU_SIM_CUDA", "on") == "off":
+    if not _sim_cuda_on():
         return False
     if os.environ.get("SGPU_ROLE") == "fork-server":  # its ranks serve cuda themselves
         return False

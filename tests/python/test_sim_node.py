@@ -55,6 +55,37 @@ def test_without_a_node_a_process_sees_no_gpu():
     assert out.startswith("False 0 [] None"), out
 
 
+@pytest.mark.parametrize("off", ["off", "0", "false", "no"])
+def test_sim_cuda_off_in_any_of_its_words_leaves_a_process_on_the_node_without_gpus(off):
+    on = off_node_env(SGPU_BACKEND="sim", SGPU_SIM="2xH100")
+    code, out, err = python(SHOW, env=on)
+    assert code == 0, err
+    assert out.startswith("True 2"), out
+    code, out, err = python(SHOW, env={**on, "SGPU_SIM_CUDA": off})
+    assert code == 0, err
+    assert out.startswith("False 0 [] None"), out
+
+
+def test_sim_cuda_neither_on_nor_off_is_said_once_and_serves_nothing():
+    code, out, err = python(SHOW + "\nimport sgpu\n",
+                            env=off_node_env(SGPU_BACKEND="sim", SGPU_SIM_CUDA="maybe"))
+    assert code == 0, err
+    assert out.startswith("False 0 [] None"), out
+    assert err.count("SGPU_SIM_CUDA=maybe is neither on nor off") == 1, err
+
+
+def test_the_startup_hook_takes_the_option_tables_on_and_off_words(monkeypatch):
+    import _sgpu_startup
+    from sgpu import _native
+
+    monkeypatch.setattr(_sgpu_startup, "ON_NODE", True)  # as in a process on the node
+    monkeypatch.delenv("SGPU_ROLE", raising=False)
+    for word in _sgpu_startup._ON + _sgpu_startup._OFF:
+        monkeypatch.setenv("SGPU_SIM_CUDA", word)
+        assert _native.environment_flag("sim_cuda", True) == (word in _sgpu_startup._ON), word
+        assert _sgpu_startup._wanted() == (word in _sgpu_startup._ON), word  # its hook
+
+
 @needs_cli
 def test_a_bad_node_or_a_command_that_is_not_there_says_so():
     done = subprocess.run([SGPU, "sim", "--node", "3xZZ", "--", "true"], capture_output=True,
