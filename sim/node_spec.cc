@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backend/gpu_type.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "model/platform.h"
 #include "sgpu/errors.h"
@@ -99,7 +100,7 @@ std::string platform_of_spec(std::string_view spec) {
   if (const std::size_t at = spec.find('@'); at != std::string_view::npos) {
     platform = std::string(spec.substr(at + 1));
   } else {
-    platform = contract::env_string(contract::kPlatformVar);
+    platform = contract::setting_text(contract::kPlatformVar);
   }
   if (platform.empty()) {
     const std::string& type = node.gpus.front().type;

@@ -44,14 +44,7 @@ backend::Inventory SimBackend::inventory(const Options& options) const {
   return visible_node(node_spec_of(options));
 }
 
-bool counts_memory() {
-  const std::string value = contract::env_string(kMemoryVar);
-  if (value.empty() || value == "on") return true;
-  if (value == "off") return false;
-  throw ConfigError(std::string(kMemoryVar) + "=" + value +
-                    " is not \"on\" or \"off\": on (the default) counts what a simulated rank "
-                    "allocates against its device's capacity, off counts nothing");
-}
+bool counts_memory() { return contract::setting_flag(kMemoryVar, true); }
 
 void SimBackend::bind(int device_index) const {
   bind_program();

@@ -76,6 +76,7 @@ contract::OptionValue option_value(const contract::OptionRow& row, const py::han
       return py::cast<bool>(value);
     case contract::OptionType::kSeconds:
     case contract::OptionType::kTimeout:
+    case contract::OptionType::kFraction:
       return py::cast<double>(value);
     case contract::OptionType::kRanks:
       return py::cast<std::vector<int>>(value);
@@ -637,6 +638,8 @@ void bind_caller_side(py::module_& m) {
     if (contract::find_option(name) == nullptr) throw ConfigError("unknown option " + name);
     return contract::environment_flag(name, unset);
   });
+  // A text setting's variable (NOTE [Settings]): "" where unset.
+  m.def("setting_text", [](const std::string& env) { return contract::setting_text(env); });
   m.def("nodes_here", &nodes_here);
   // Whether the call folds its simulated nodes into one launch (NOTE [A folded world]):
   // sim_fold, the environment's override applied.

@@ -160,7 +160,9 @@ def _with_remote_exception(error: errors.DistributedError, max_bytes: int) -> Ba
 def fork_server_command() -> list:
     """The Python fork server for this interpreter (sgpu/_fork_server.py): it preloads torch
     and the modules SGPU_FORK_SERVER_PRELOAD names (comma-separated)."""
-    extra = os.environ.get("SGPU_FORK_SERVER_PRELOAD", "").split(",")
+    from sgpu import _native
+
+    extra = _native.setting_text("SGPU_FORK_SERVER_PRELOAD").split(",")
     preload = ",".join(["torch"] + [name for name in extra if name])
     return [sys.executable, "-m", "sgpu._fork_server", preload]
 

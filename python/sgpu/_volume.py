@@ -148,7 +148,9 @@ _simulated: tuple[str, SimulatedVolume | None] | None = None
 def simulated() -> SimulatedVolume | None:
     """The simulated volume SGPU_SIM_VOLUME describes, or None."""
     global _simulated
-    text = os.environ.get(VARIABLE, "")
+    from sgpu import _native
+
+    text = _native.setting_text(VARIABLE)
     if _simulated is None or _simulated[0] != text:
         if text and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
             from sgpu.errors import ConfigError

@@ -37,6 +37,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "contract/option_table.h"
 #include "sim/cuda/sim_cuda.h"
 #include "sim/shm/reduce.h"
 
@@ -1065,16 +1066,9 @@ std::string collective_mismatch(
 
 SegmentSizes sizes_from_environment() {
   SegmentSizes sizes;
-  const char* text = std::getenv("SGPU_SIM_SHM_SLOT_BYTES");
-  if (text == nullptr || *text == '\0') return sizes;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  TORCH_CHECK(
-      errno == 0 && end != text && *end == '\0' && value >= 64 && value <= (std::uint64_t{1} << 32),
-      "SGPU_SIM_SHM_SLOT_BYTES=", text,
-      " is not a size in bytes from 64 to 4294967296 (the default is ", sizes.slot_bytes, ")");
-  sizes.slot_bytes = static_cast<std::size_t>(value);
+  if (const auto bytes = contract::setting_value("SGPU_SIM_SHM_SLOT_BYTES")) {
+    sizes.slot_bytes = static_cast<std::size_t>(std::get<long long>(*bytes));
+  }
   return sizes;
 }
 

@@ -114,10 +114,10 @@ int run(sgpu::Options options, const std::vector<std::string>& command) {
 // Replaces this process with bench_collectives (next to this binary, or
 // SGPU_BENCH_COLLECTIVES), which launches its ranks through sgpu itself.
 int bench_collectives(const std::vector<std::string>& args) {
-  const char* env = std::getenv("SGPU_BENCH_COLLECTIVES");
+  const std::string named = sgpu::contract::setting_text("SGPU_BENCH_COLLECTIVES");
   const std::string program =
-      env != nullptr && *env != '\0'
-          ? env
+      !named.empty()
+          ? named
           : (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "bench_collectives")
                 .string();
   std::vector<char*> argv{const_cast<char*>(program.c_str())};

@@ -12,6 +12,7 @@
 
 #include "collectives/interposer.h"
 #include "collectives/timeline.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "model/platform.h"
@@ -160,7 +161,7 @@ class CompletionPoller {
 
 const model::Platform* rank_platform() {
   static const model::Platform* platform = []() -> const model::Platform* {
-    const std::string name = contract::env_string(contract::kPlatformVar);
+    const std::string name = contract::setting_text(contract::kPlatformVar);
     if (name.empty()) return nullptr;
     try {
       return new model::Platform(model::load_platform(name));  // lives to the rank's end

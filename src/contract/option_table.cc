@@ -204,8 +204,9 @@ constexpr TypeText kTypeTexts[] = {
     {"SECONDS", "seconds"},
     {"SECONDS|none", "seconds or none"},
     {"RANKS", "a list like 0,3"},
+    {"FRACTION", "a fraction above 0 and at most 1"},
 };
-static_assert(std::size(kTypeTexts) == static_cast<std::size_t>(OptionType::kRanks) + 1);
+static_assert(std::size(kTypeTexts) == static_cast<std::size_t>(OptionType::kFraction) + 1);
 
 // Seconds as a front end's text gives them (sgpu::parse_timeout: a number the whole text
 // is, "inf" and exponents too; NaN throws). "none": +infinity, which a timeout takes as no
@@ -252,34 +253,60 @@ bool among_choices(std::string_view choices, std::string_view text) {
   return std::find(list.begin(), list.end(), text) != list.end();
 }
 
-// The row's variable as its value (environment_value's contract).
-std::optional<OptionValue> variable_value(const OptionRow& row) {
-  if (row.env.empty()) return std::nullopt;
-  const std::string variable(row.env);
+// What a variable may say, as its row has it.
+struct VariableRule {
+  std::string_view env;
+  OptionType type;
+  std::string_view choices;  // "" any
+  std::string sets;          // what the error adds: " (SGPU_X sets x)", or ""
+  long long min = std::numeric_limits<long long>::min();  // kInt
+  long long max = std::numeric_limits<long long>::max();
+};
+
+// A variable as its value: nullopt where unset or empty; ConfigError naming it for a value
+// its rule does not take (environment_value's and setting_value's contract).
+std::optional<OptionValue> variable_value(const VariableRule& rule) {
+  if (rule.env.empty()) return std::nullopt;
+  const std::string variable(rule.env);
   const char* set = std::getenv(variable.c_str());
   if (set == nullptr || *set == '\0') return std::nullopt;
   const std::string text = set;
   const std::string given = variable + "=" + text;
-  const std::string sets = " (" + variable + " sets " + spell(row.name) + ")";
-  if (row.type == OptionType::kBool) {
+  if (rule.type == OptionType::kBool) {
     if (const std::optional<bool> flag = on_or_off_in_text(text)) return *flag;
     throw ConfigError(given +
                       " is neither on nor off: \"off\" (or 0, false, no) or \"on\" (or 1, " +
-                      "true, yes)" + sets);
+                      "true, yes)" + rule.sets);
   }
-  if (!row.choices.empty() && !among_choices(row.choices, text)) {
-    throw ConfigError(given + " is not " + choices_named(row.choices) + sets);
+  if (!rule.choices.empty() && !among_choices(rule.choices, text)) {
+    throw ConfigError(given + " is not " + choices_named(rule.choices) + rule.sets);
   }
-  const bool seconds = row.type == OptionType::kSeconds || row.type == OptionType::kTimeout;
+  const bool seconds = rule.type == OptionType::kSeconds || rule.type == OptionType::kTimeout;
+  const bool bounded =
+      rule.type == OptionType::kInt && (rule.min != std::numeric_limits<long long>::min() ||
+                                        rule.max != std::numeric_limits<long long>::max());
   try {
-    OptionValue value = option_value_of_text(row, text);
+    OptionValue value = option_value_of_text(rule.type, text);
     const double* number = std::get_if<double>(&value);
     if (number != nullptr && !(*number > 0)) throw std::invalid_argument(text);
+    const long long* whole = std::get_if<long long>(&value);
+    if (whole != nullptr && (*whole < rule.min || *whole > rule.max)) {
+      throw std::out_of_range(text);
+    }
     return value;
   } catch (const std::exception&) {  // std::invalid_argument, std::out_of_range
+    const std::string range =
+        bounded ? " from " + std::to_string(rule.min) + " to " + std::to_string(rule.max) : "";
     throw ConfigError(given + " is not " + (seconds ? "positive " : "") +
-                      type_text(row.type).takes + sets);
+                      type_text(rule.type).takes + range + rule.sets);
   }
+}
+
+std::optional<OptionValue> variable_value(const OptionRow& row) {
+  if (row.env.empty()) return std::nullopt;
+  return variable_value(
+      VariableRule{row.env, row.type, row.choices,
+                   " (" + std::string(row.env) + " sets " + spell(row.name) + ")"});
 }
 
 }  // namespace
@@ -287,7 +314,11 @@ std::optional<OptionValue> variable_value(const OptionRow& row) {
 const TypeText& type_text(OptionType type) { return kTypeTexts[static_cast<int>(type)]; }
 
 OptionValue option_value_of_text(const OptionRow& row, const std::string& text) {
-  switch (row.type) {
+  return option_value_of_text(row.type, text);
+}
+
+OptionValue option_value_of_text(OptionType type, const std::string& text) {
+  switch (type) {
     case OptionType::kInt: {
       std::size_t used = 0;
       const long long number = std::stoll(text, &used);
@@ -312,6 +343,14 @@ OptionValue option_value_of_text(const OptionRow& row, const std::string& text) 
     case OptionType::kBool:
       if (const std::optional<bool> flag = on_or_off_in_text(text)) return *flag;
       throw std::invalid_argument(text);
+    case OptionType::kFraction: {
+      std::size_t used = 0;
+      const double fraction = std::stod(text, &used);
+      if (used != text.size() || !(fraction > 0.0 && fraction <= 1.0)) {
+        throw std::invalid_argument(text);
+      }
+      return fraction;
+    }
     case OptionType::kString:
       break;
   }
@@ -381,6 +420,80 @@ std::string options_markdown() {
   for (const OptionRow& row : kRows) {
     table += "| `" + std::string(row.name) + "` | " + std::string(row.shown_default) + " | " +
              variable(row) + " | " + code(row.flag) + " | " + std::string(row.doc) + " |\n";
+  }
+  return table;
+}
+
+namespace {
+
+// NOTE [Settings]
+const SettingRow kSettings[] = {
+    {"SGPU_PLATFORM", OptionType::kString, "the simulated node's; none on `cuda`",
+     "the platform collectives and kernels are timed on: a name under `platforms/` "
+     "(`h100-nvswitch`) or a platform file"},
+    {"SGPU_PLATFORM_PATH", OptionType::kString, "none",
+     "folders (`:`-separated) searched for platform files before sgpu's own"},
+    {"SGPU_SIM_MEMORY", OptionType::kBool, "on",
+     "a simulated GPU counts what its ranks allocate: its capacity, CUDA's out-of-memory error "
+     "past it, its peaks"},
+    {"SGPU_SIM_SHM_SLOT_BYTES", OptionType::kInt, "1 MiB",
+     "bytes of each rank's slot in the shared-memory transport: a collective moves at most one "
+     "slot per rank per stage",
+     64, std::int64_t{1} << 32},
+    {"SGPU_SIM_VOLUME", OptionType::kString, "none",
+     "a network volume's behaviour for `sgpu.data` and `sgpu.checkpoint` on `sim`: "
+     "`path=...;fail_every=2`"},
+    {"SGPU_CUDA_MEMORY_FRACTION", OptionType::kFraction, "1",
+     "what a `cuda` rank's caching allocator may take of its GPU"},
+    {"SGPU_CUDA_MODULE", OptionType::kString, "the one built with sgpu",
+     "the CUDA runtime module (`libsgpu_cuda_runtime.so`) a `cuda` rank loads"},
+    {"SGPU_FORK_SERVER_PRELOAD", OptionType::kString, "none",
+     "modules (`,`-separated) a Python caller's fork server imports before it forks ranks"},
+    {"SGPU_SERVERLESS_GPU", OptionType::kBool, "on",
+     "`serverless_gpu` and `databricks.air` come from sgpu's stand-ins where no installed "
+     "package has the name"},
+    {"SGPU_BENCH_COLLECTIVES", OptionType::kString, "beside `sgpu`",
+     "the `bench_collectives` program `sgpu bench collectives` runs"},
+};
+
+const SettingRow& setting_row(std::string_view env) {
+  for (const SettingRow& row : kSettings) {
+    if (row.env == env) return row;
+  }
+  throw std::logic_error("no setting is called " + std::string(env));
+}
+
+}  // namespace
+
+std::span<const SettingRow> setting_table() { return kSettings; }
+
+std::optional<OptionValue> setting_value(std::string_view env) {
+  const SettingRow& row = setting_row(env);
+  return variable_value(VariableRule{row.env, row.type, "", "", row.min, row.max});
+}
+
+std::string setting_text(std::string_view env) {
+  const std::optional<OptionValue> value = setting_value(env);
+  return value ? std::get<std::string>(*value) : std::string();
+}
+
+bool setting_flag(std::string_view env, bool unset) {
+  const std::optional<OptionValue> value = setting_value(env);
+  return value ? std::get<bool>(*value) : unset;
+}
+
+std::string settings_markdown() {
+  std::string table =
+      "| variable | takes | default | what it is |\n"
+      "| --- | --- | --- | --- |\n";
+  for (const SettingRow& row : kSettings) {
+    std::string takes = type_text(row.type).takes;
+    if (row.type == OptionType::kBool) takes = "on or off";
+    if (row.type == OptionType::kInt) {
+      takes += " from " + std::to_string(row.min) + " to " + std::to_string(row.max);
+    }
+    table += "| `" + std::string(row.env) + "` | " + takes + " | " +
+             std::string(row.shown_default) + " | " + std::string(row.doc) + " |\n";
   }
   return table;
 }

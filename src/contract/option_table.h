@@ -17,6 +17,7 @@
 // in a call and outside one.
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,12 +30,13 @@
 namespace sgpu::contract {
 
 enum class OptionType {
-  kInt,      // a whole number
-  kString,   // text
-  kBool,     // true or false
-  kSeconds,  // a duration in seconds (a number)
-  kTimeout,  // seconds, or none (Python's None, the command's "none") for no deadline
-  kRanks,    // a list of ranks, or none for all
+  kInt,       // a whole number
+  kString,    // text
+  kBool,      // true or false
+  kSeconds,   // a duration in seconds (a number)
+  kTimeout,   // seconds, or none (Python's None, the command's "none") for no deadline
+  kRanks,     // a list of ranks, or none for all
+  kFraction,  // a number above 0 and at most 1 (settings only)
 };
 
 // A value as a front end gives it: none, or a value of the row's type (kInt as long long,
@@ -82,6 +84,8 @@ const TypeText& type_text(OptionType type);
 // value of the row's kind (NaN seconds among them); a true-or-false row's text is on or
 // off (1, true, yes / 0, false, no).
 OptionValue option_value_of_text(const OptionRow& row, const std::string& text);
+// The same for a value of `type` (a kFraction's: above 0 and at most 1).
+OptionValue option_value_of_text(OptionType type, const std::string& text);
 
 // The row's variable as its value; nullopt where the row has none or it is unset or empty.
 // Throws ConfigError naming the variable ("SGPU_SIM_TRANSPORT=ib is not ...") for a value
@@ -98,5 +102,33 @@ Options with_environment(Options options);
 
 // docs/options.md's table of the options, a row each.
 std::string options_markdown();
+
+// NOTE [Settings]
+// The SGPU_* variables that tune sgpu beyond a call's options (no member of sgpu::Options),
+// the second part of the table: each read only through these functions, by the option
+// table's rules (on or off in the same words; a whole number within the row's bounds) and
+// with its errors (a ConfigError naming the variable and what it takes), and shown in
+// docs/options.md's second table. Python reads them through the native module, but for
+// SGPU_SERVERLESS_GPU, which the interpreter's startup hook reads before sgpu can load, in
+// the table's words (a test holds them equal).
+struct SettingRow {
+  std::string_view env;
+  OptionType type;  // kString, kBool, kInt (within min..max) or kFraction
+  std::string_view shown_default;
+  std::string_view doc;
+  long long min = 0;  // kInt's bounds
+  long long max = std::numeric_limits<long long>::max();
+};
+
+std::span<const SettingRow> setting_table();
+// The setting's variable as its value; nullopt where it is unset or empty. Throws ConfigError
+// naming the variable for a value its row does not take. `env` must name a row.
+std::optional<OptionValue> setting_value(std::string_view env);
+// setting_value of a text row: "" where unset.
+std::string setting_text(std::string_view env);
+// setting_value of a true-or-false row: `unset` where unset.
+bool setting_flag(std::string_view env, bool unset);
+// docs/options.md's table of the settings, a row each.
+std::string settings_markdown();
 
 }  // namespace sgpu::contract

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "contract/option_table.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::model {
@@ -667,7 +668,7 @@ std::string platform_json(const Platform& p) {
 
 std::vector<std::string> platform_path() {
   std::vector<std::string> dirs;
-  if (const char* env = std::getenv("SGPU_PLATFORM_PATH"); env && *env) {
+  if (const std::string env = contract::setting_text("SGPU_PLATFORM_PATH"); !env.empty()) {
     std::string_view rest = env;
     while (!rest.empty()) {
       const auto colon = rest.find(':');

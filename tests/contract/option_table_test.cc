@@ -271,7 +271,7 @@ TEST(OptionTable, AdviceForTheCommandSpellsTheRowsFlag) {
   sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCpp);
 }
 
-TEST(OptionTable, TheManualsTableIsTheTables) {
+TEST(OptionTable, TheManualsTablesAreTheTables) {
   std::ifstream in(std::string(SGPU_TEST_SOURCE_DIR) + "/docs/options.md");
   std::stringstream text;
   text << in.rdbuf();
@@ -279,6 +279,73 @@ TEST(OptionTable, TheManualsTableIsTheTables) {
   EXPECT_NE(text.str().find(table), std::string::npos)
       << "docs/options.md does not hold the option table; put this table in it:\n"
       << table;
+  const std::string settings = sgpu::contract::settings_markdown();
+  EXPECT_NE(text.str().find(settings), std::string::npos)
+      << "docs/options.md does not hold the settings table; put this table in it:\n"
+      << settings;
+}
+
+// NOTE [Settings]: a setting's variable is read by its row's rules, and what it does not take
+// is a ConfigError naming the variable and what it takes.
+class Settings : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* name : {"SGPU_SIM_MEMORY", "SGPU_SIM_SHM_SLOT_BYTES",
+                             "SGPU_CUDA_MEMORY_FRACTION", "SGPU_PLATFORM_PATH"}) {
+      ::unsetenv(name);
+    }
+  }
+  static std::string refusal(const char* env) {
+    try {
+      (void)sgpu::contract::setting_value(env);
+    } catch (const sgpu::ConfigError& e) {
+      return e.what();
+    }
+    return "(taken)";
+  }
+};
+
+TEST_F(Settings, AnOnOrOffSettingTakesTheTablesWords) {
+  using sgpu::contract::setting_flag;
+  EXPECT_TRUE(setting_flag("SGPU_SIM_MEMORY", true));  // unset
+  for (const char* off : {"off", "0", "false", "no"}) {
+    ::setenv("SGPU_SIM_MEMORY", off, 1);
+    EXPECT_FALSE(setting_flag("SGPU_SIM_MEMORY", true)) << off;
+  }
+  for (const char* on : {"on", "1", "true", "yes"}) {
+    ::setenv("SGPU_SIM_MEMORY", on, 1);
+    EXPECT_TRUE(setting_flag("SGPU_SIM_MEMORY", false)) << on;
+  }
+  ::setenv("SGPU_SIM_MEMORY", "maybe", 1);
+  EXPECT_EQ(refusal("SGPU_SIM_MEMORY"),
+            "SGPU_SIM_MEMORY=maybe is neither on nor off: \"off\" (or 0, false, no) or \"on\" "
+            "(or 1, true, yes)");
+}
+
+TEST_F(Settings, ANumberIsTakenWithinItsRowsBounds) {
+  using sgpu::contract::setting_value;
+  ::setenv("SGPU_SIM_SHM_SLOT_BYTES", "4096", 1);
+  EXPECT_EQ(std::get<long long>(*setting_value("SGPU_SIM_SHM_SLOT_BYTES")), 4096);
+  for (const char* bad : {"12", "4294967297", "4k", "-64"}) {
+    ::setenv("SGPU_SIM_SHM_SLOT_BYTES", bad, 1);
+    EXPECT_EQ(refusal("SGPU_SIM_SHM_SLOT_BYTES"),
+              std::string("SGPU_SIM_SHM_SLOT_BYTES=") + bad +
+                  " is not a whole number from 64 to 4294967296");
+  }
+  ::setenv("SGPU_CUDA_MEMORY_FRACTION", "0.5", 1);
+  EXPECT_EQ(std::get<double>(*setting_value("SGPU_CUDA_MEMORY_FRACTION")), 0.5);
+  for (const char* bad : {"0", "1.5", "half", "nan"}) {
+    ::setenv("SGPU_CUDA_MEMORY_FRACTION", bad, 1);
+    EXPECT_EQ(refusal("SGPU_CUDA_MEMORY_FRACTION"), std::string("SGPU_CUDA_MEMORY_FRACTION=") +
+                                                        bad +
+                                                        " is not a fraction above 0 and at most 1");
+  }
+}
+
+TEST_F(Settings, TextIsEmptyWhereUnset) {
+  EXPECT_EQ(sgpu::contract::setting_text("SGPU_PLATFORM_PATH"), "");
+  ::setenv("SGPU_PLATFORM_PATH", "/a:/b", 1);
+  EXPECT_EQ(sgpu::contract::setting_text("SGPU_PLATFORM_PATH"), "/a:/b");
 }
 
 }  // namespace

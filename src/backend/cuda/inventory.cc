@@ -13,6 +13,7 @@
 #include "backend/memory_stats.h"
 #include "backend/process_group_factory.h"
 #include "collectives/routes.h"
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "model/platform.h"
 #include "sgpu/errors.h"
@@ -111,7 +112,7 @@ backend::Inventory CudaBackend::inventory(const Options&) const {
 namespace {
 
 struct RuntimeModule {
-  void (*bind)(int) = nullptr;
+  void (*bind)(int, double) = nullptr;
   void (*make_process_group)(const backend::ProcessGroupRequest*,
                              c10::intrusive_ptr<c10d::Backend>*) = nullptr;
   void (*memory_stats)(int, c10::CachingDeviceAllocator::DeviceStats*) = nullptr;
@@ -131,13 +132,13 @@ std::string beside_this_code() {
 
 const RuntimeModule& runtime_module() {
   static const RuntimeModule module = [] {
-    const char* env = std::getenv("SGPU_CUDA_MODULE");
-    std::string path = env != nullptr && *env != '\0' ? env : SGPU_CUDA_MODULE_PATH;
+    const std::string named = contract::setting_text("SGPU_CUDA_MODULE");
+    std::string path = !named.empty() ? named : SGPU_CUDA_MODULE_PATH;
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     // Built here, used elsewhere: beside this code (a wheel), then the install prefix.
     for (const std::string& other :
          {beside_this_code(), std::string(SGPU_CUDA_MODULE_INSTALLED_PATH)}) {
-      if (handle != nullptr || (env != nullptr && *env != '\0') || other.empty()) continue;
+      if (handle != nullptr || !named.empty() || other.empty()) continue;
       path = other;
       handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     }
@@ -146,7 +147,7 @@ const RuntimeModule& runtime_module() {
                                dlerror() + " (set SGPU_CUDA_MODULE to its path)");
     }
     RuntimeModule m;
-    m.bind = reinterpret_cast<void (*)(int)>(dlsym(handle, "sgpu_cuda_bind"));
+    m.bind = reinterpret_cast<void (*)(int, double)>(dlsym(handle, "sgpu_cuda_bind"));
     m.make_process_group = reinterpret_cast<decltype(m.make_process_group)>(
         dlsym(handle, "sgpu_cuda_make_process_group"));
     m.memory_stats =
@@ -164,23 +165,20 @@ const RuntimeModule& runtime_module() {
 
 }  // namespace
 
-void CudaBackend::bind(int device_index) const { runtime_module().bind(device_index); }
+void CudaBackend::bind(int device_index) const {
+  const std::optional<contract::OptionValue> fraction =
+      contract::setting_value("SGPU_CUDA_MEMORY_FRACTION");
+  runtime_module().bind(device_index, fraction ? std::get<double>(*fraction) : 0.0);
+}
 
 std::vector<std::string> CudaBackend::rank_environment(const Options& options) const {
   // The platform a user names for predicted times beside the measured ones (NOTE [The
   // collective model]): ConfigError before any rank starts when it does not load.
-  if (const std::string platform = contract::env_string(contract::kPlatformVar);
+  if (const std::string platform = contract::setting_text(contract::kPlatformVar);
       !platform.empty()) {
     model::load_platform(platform);
   }
-  const char* text = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
-  if (text == nullptr || *text == '\0') return {};
-  char* end = nullptr;
-  const double fraction = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !(fraction > 0.0 && fraction <= 1.0)) {
-    throw ConfigError(std::string("SGPU_CUDA_MEMORY_FRACTION=") + text +
-                      " is not a fraction above 0 and at most 1 of each GPU's memory");
-  }
+  (void)contract::setting_value("SGPU_CUDA_MEMORY_FRACTION");  // its ConfigError, before any rank
   return {};
 }
 

@@ -13,16 +13,16 @@
 extern "C" {
 
 // Makes `device` the rank's current CUDA device, and caps what the caching allocator may
-// take of it at SGPU_CUDA_MEMORY_FRACTION (checked by the caller: CudaBackend).
-void sgpu_cuda_bind(int device) {
+// take of it at `fraction` (SGPU_CUDA_MEMORY_FRACTION, read by the caller: CudaBackend);
+// 0: no cap.
+void sgpu_cuda_bind(int device, double fraction) {
   // torch creates the caching allocator's per-device state when it first initialises CUDA
   // (its first CUDA tensor); before that, setMemoryFraction and getDeviceStats refuse the
   // device ("Allocator not initialized for device", "Invalid device argument").
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
-  const char* fraction = std::getenv("SGPU_CUDA_MEMORY_FRACTION");
-  if (fraction != nullptr && *fraction != '\0') {
-    c10::cuda::CUDACachingAllocator::setMemoryFraction(std::strtod(fraction, nullptr),
+  if (fraction > 0) {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
                                                        static_cast<c10::DeviceIndex>(device));
   }
 }
