@@ -14,14 +14,15 @@
 
 #include "backend/selection.h"
 #include "launcher/call_end.h"
+#include "launcher/front.h"
 #include "launcher/hang_diagnosis.h"
 #include "launcher/interrupt.h"
-#include "launcher/launcher.h"
 #include "launcher/monitor.h"
 #include "launcher/peers.h"
 #include "launcher/rank_program.h"
 #include "launcher/rank_starter.h"
 #include "sgpu/comm.h"
+#include "sgpu/compute.h"
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
 

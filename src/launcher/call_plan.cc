@@ -119,6 +119,13 @@ CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes
   return plan;
 }
 
+std::filesystem::path runs_dir(const Options& options) {
+  if (!options.runs_dir.empty()) return options.runs_dir;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
+         ("sgpu-" + std::to_string(::getuid())) / "runs";
+}
+
 std::filesystem::path make_run_dir(const Options& options) {
   static std::atomic<unsigned> counter{0};
   const std::filesystem::path root = runs_dir(options);

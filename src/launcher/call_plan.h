@@ -48,6 +48,10 @@ CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes
 // whole world's nodes, so that it knows the world its ranks stand in.
 Options world_options(Options options, int folded_nodes);
 
+// Where calls' run folders go: Options::runs_dir (SGPU_RUNS_DIR stands in for it:
+// contract::with_environment), else $TMPDIR/sgpu-<uid>/runs.
+std::filesystem::path runs_dir(const Options& options);
+
 // A new, empty run folder of this call's under runs_dir(options).
 std::filesystem::path make_run_dir(const Options& options);
 

@@ -36,13 +36,6 @@
 
 namespace sgpu::launcher {
 
-std::filesystem::path runs_dir(const Options& options) {
-  if (!options.runs_dir.empty()) return options.runs_dir;
-  const char* tmp = std::getenv("TMPDIR");
-  return std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") /
-         ("sgpu-" + std::to_string(::getuid())) / "runs";
-}
-
 namespace {
 
 class CallImpl final : public detail::Call {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "contract/run_folder.h"
-#include "launcher/launcher.h"
+#include "launcher/front.h"
 #include "launcher/monitor.h"
 #include "launcher/process.h"
 #include "launcher/rank_starter.h"
