@@ -24,7 +24,7 @@ namespace sgpu::sim::shm {
 // What a rank says it is doing in a round; compared across ranks in an op's first round.
 struct Descriptor {
   std::uint64_t seq = 0;    // the group's collective number, from 1
-  std::uint32_t op = 0;     // OpKind
+  std::uint32_t op = 0;     // contract::CollectiveOp
   std::int32_t dtype = -1;  // c10::ScalarType
   std::uint64_t count = 0;  // elements per rank (the op says which)
   std::int32_t root = -1;

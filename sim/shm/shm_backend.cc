@@ -37,6 +37,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "contract/collective_ring.h"
 #include "contract/option_table.h"
 #include "sim/cuda/sim_cuda.h"
 #include "sim/shm/reduce.h"
@@ -46,47 +47,14 @@ namespace {
 
 using Op = c10d::ReduceOp::RedOpType;
 
-enum class Kind : std::uint32_t {
-  kAllreduce = 1,
-  kBroadcast,
-  kReduce,
-  kAllgather,
-  kReduceScatter,
-  kAlltoall,
-  kBarrier,
-  kGather,
-  kScatter,
-};
-
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::kAllreduce:
-      return "all_reduce";
-    case Kind::kBroadcast:
-      return "broadcast";
-    case Kind::kReduce:
-      return "reduce";
-    case Kind::kAllgather:
-      return "all_gather";
-    case Kind::kReduceScatter:
-      return "reduce_scatter";
-    case Kind::kAlltoall:
-      return "all_to_all";
-    case Kind::kBarrier:
-      return "barrier";
-    case Kind::kGather:
-      return "gather";
-    case Kind::kScatter:
-      return "scatter";
-  }
-  return "collective";
-}
+using contract::CollectiveOp;
+using contract::op_name;
 
 std::string describe(const Descriptor& d) {
   std::ostringstream out;
-  out << kind_name(static_cast<Kind>(d.op)) << " #" << d.seq;
-  if (static_cast<Kind>(d.op) == Kind::kBarrier) return out.str();
-  if (static_cast<Kind>(d.op) != Kind::kAlltoall) {
+  out << op_name(static_cast<CollectiveOp>(d.op)) << " #" << d.seq;
+  if (static_cast<CollectiveOp>(d.op) == CollectiveOp::kBarrier) return out.str();
+  if (static_cast<CollectiveOp>(d.op) != CollectiveOp::kAllToAll) {
     out << " of " << d.count << ' ' << c10::toString(static_cast<c10::ScalarType>(d.dtype));
   }
   if (d.reduce >= 0) out << " (" << reduce_op_name(static_cast<Op>(d.reduce)) << ')';
@@ -104,7 +72,7 @@ bool same_op(const Descriptor& a, const Descriptor& b) {
 struct Dense {
   at::Tensor original;
   at::Tensor work;
-  explicit Dense(const at::Tensor& t, const char* what) : original(t) {
+  explicit Dense(const at::Tensor& t, std::string_view what) : original(t) {
     // A cuda tensor's memory is host memory where cuda is served (NOTE [CUDA on sim]).
     TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && cuda::served()),
                 "sgpu's simulated process group takes CPU tensors; ", what, " got one on ",
@@ -211,7 +179,7 @@ class ShmBackend final : public c10d::Backend {
       TORCH_CHECK(tensors.size() == 1, "all_reduce takes one tensor, not ", tensors.size());
       check_reducible(tensors[0].scalar_type(), opts.reduceOp.op_);
       Dense t(tensors[0], "all_reduce");
-      reduce_into(Kind::kAllreduce, t, opts.reduceOp.op_, -1);
+      reduce_into(CollectiveOp::kAllReduce, t, opts.reduceOp.op_, -1);
       t.finish();
     });
   }
@@ -222,7 +190,7 @@ class ShmBackend final : public c10d::Backend {
       for (at::Tensor& tensor : tensors) {
         check_reducible(tensor.scalar_type(), opts.reduceOp.op_);
         Dense t(tensor, "all_reduce_coalesced");
-        reduce_into(Kind::kAllreduce, t, opts.reduceOp.op_, -1);
+        reduce_into(CollectiveOp::kAllReduce, t, opts.reduceOp.op_, -1);
         t.finish();
       }
     });
@@ -235,7 +203,7 @@ class ShmBackend final : public c10d::Backend {
       check_root(opts.rootRank);
       check_reducible(tensors[0].scalar_type(), opts.reduceOp.op_);
       Dense t(tensors[0], "reduce");
-      reduce_into(Kind::kReduce, t, opts.reduceOp.op_, static_cast<int>(opts.rootRank));
+      reduce_into(CollectiveOp::kReduce, t, opts.reduceOp.op_, static_cast<int>(opts.rootRank));
       t.finish();
     });
   }
@@ -250,7 +218,7 @@ class ShmBackend final : public c10d::Backend {
       const std::size_t e = t.work.element_size();
       const std::size_t n = t.work.numel();
       const std::size_t cap = std::max<std::size_t>(1, segment_->slot_bytes() / e);
-      Descriptor d = descriptor(Kind::kBroadcast, t.work, n, root, -1);
+      Descriptor d = descriptor(CollectiveOp::kBroadcast, t.work, n, root, -1);
       std::size_t off = 0;
       do {
         const std::size_t c = std::min(cap, n - off);
@@ -275,7 +243,7 @@ class ShmBackend final : public c10d::Backend {
       TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_,
                   "all_gather needs one output tensor per rank (", size_, "), got ",
                   outputs[0].size());
-      gather_into(Kind::kAllgather, inputs[0], outputs[0], -1);
+      gather_into(CollectiveOp::kAllGather, inputs[0], outputs[0], -1);
     });
   }
 
@@ -291,7 +259,7 @@ class ShmBackend final : public c10d::Backend {
       Dense out(output, "all_gather_into_tensor");
       std::vector<at::Tensor> pieces = out.work.view({-1}).chunk(size_);
       if (input.numel() == 0) pieces.assign(size_, out.work.view({-1}));
-      gather_into(Kind::kAllgather, input, pieces, -1);
+      gather_into(CollectiveOp::kAllGather, input, pieces, -1);
       out.finish();
     });
   }
@@ -314,7 +282,7 @@ class ShmBackend final : public c10d::Backend {
         std::vector<at::Tensor> pieces;
         pieces.reserve(outputs.size());
         for (auto& list : outputs) pieces.push_back(list[i]);
-        gather_into(Kind::kAllgather, inputs[i], pieces, -1);
+        gather_into(CollectiveOp::kAllGather, inputs[i], pieces, -1);
       }
     });
   }
@@ -346,7 +314,7 @@ class ShmBackend final : public c10d::Backend {
         TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                     "gather: the root needs one output tensor per rank (", size_, ")");
       }
-      gather_into(Kind::kGather, inputs[0], rank_ == root ? outputs[0] : none, root);
+      gather_into(CollectiveOp::kGather, inputs[0], rank_ == root ? outputs[0] : none, root);
     });
   }
 
@@ -363,7 +331,7 @@ class ShmBackend final : public c10d::Backend {
                     "scatter: the root needs one input tensor per rank (", size_, ")");
         pieces = inputs[0];
       }
-      scatter_from(Kind::kScatter, pieces, outputs[0], -1, root);
+      scatter_from(CollectiveOp::kScatter, pieces, outputs[0], -1, root);
     });
   }
 
@@ -375,7 +343,7 @@ class ShmBackend final : public c10d::Backend {
           outputs.size() == 1 && inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
           "reduce_scatter takes one output and one list of world size (", size_, ") inputs");
       check_reducible(outputs[0].scalar_type(), opts.reduceOp.op_);
-      scatter_from(Kind::kReduceScatter, inputs[0], outputs[0], opts.reduceOp.op_, -1);
+      scatter_from(CollectiveOp::kReduceScatter, inputs[0], outputs[0], opts.reduceOp.op_, -1);
     });
   }
 
@@ -392,7 +360,7 @@ class ShmBackend final : public c10d::Backend {
       const at::Tensor flat = input.contiguous().view({-1});
       std::vector<at::Tensor> pieces =
           output.numel() == 0 ? std::vector<at::Tensor>(size_, flat) : flat.chunk(size_);
-      scatter_from(Kind::kReduceScatter, pieces, output, opts.reduceOp.op_, -1);
+      scatter_from(CollectiveOp::kReduceScatter, pieces, output, opts.reduceOp.op_, -1);
     });
   }
 
@@ -456,7 +424,7 @@ class ShmBackend final : public c10d::Backend {
     return run(c10d::OpType::BARRIER, none, [&] {
       Descriptor d{};
       d.seq = seq_;
-      d.op = static_cast<std::uint32_t>(Kind::kBarrier);
+      d.op = static_cast<std::uint32_t>(CollectiveOp::kBarrier);
       const int b = begin_stage();
       sync(d, b, true);
     });
@@ -571,7 +539,7 @@ class ShmBackend final : public c10d::Backend {
                 size_, ")");
   }
 
-  Descriptor descriptor(Kind kind, const at::Tensor& t, std::size_t count, int root,
+  Descriptor descriptor(CollectiveOp kind, const at::Tensor& t, std::size_t count, int root,
                         int reduce) const {
     Descriptor d;
     d.seq = seq_;
@@ -640,7 +608,7 @@ class ShmBackend final : public c10d::Backend {
   }
 
   // All-reduce (root -1) and reduce into t, in place.
-  void reduce_into(Kind kind, Dense& t, Op op, int root) {
+  void reduce_into(CollectiveOp kind, Dense& t, Op op, int root) {
     const std::size_t e = t.work.element_size();
     const std::size_t n = t.work.numel();
     const c10::ScalarType dtype = t.work.scalar_type();
@@ -674,14 +642,14 @@ class ShmBackend final : public c10d::Backend {
   }
 
   // All-gather and gather: every rank's input into outputs[r] (root -1: on every rank).
-  void gather_into(Kind kind, const at::Tensor& input, const std::vector<at::Tensor>& outputs,
-                   int root) {
-    Dense in(input, kind_name(kind));
+  void gather_into(CollectiveOp kind, const at::Tensor& input,
+                   const std::vector<at::Tensor>& outputs, int root) {
+    Dense in(input, op_name(kind));
     std::vector<Dense> outs;
     for (const at::Tensor& o : outputs) {
-      outs.emplace_back(o, kind_name(kind));
+      outs.emplace_back(o, op_name(kind));
       TORCH_CHECK(o.numel() == input.numel() && o.scalar_type() == input.scalar_type(),
-                  kind_name(kind), ": each output must be like the input (", input.numel(), ' ',
+                  op_name(kind), ": each output must be like the input (", input.numel(), ' ',
                   input.scalar_type(), "), one is ", o.numel(), ' ', o.scalar_type());
     }
     const std::size_t e = input.element_size();
@@ -704,14 +672,14 @@ class ShmBackend final : public c10d::Backend {
 
   // Reduce-scatter (root -1: output = fold over ranks of their inputs[rank]) and scatter
   // (reduce -1: output = the root's inputs[rank]).
-  void scatter_from(Kind kind, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                    int reduce, int root) {
-    Dense out(output, kind_name(kind));
+  void scatter_from(CollectiveOp kind, const std::vector<at::Tensor>& inputs,
+                    const at::Tensor& output, int reduce, int root) {
+    Dense out(output, op_name(kind));
     std::vector<Dense> ins;
     for (const at::Tensor& i : inputs) {
-      ins.emplace_back(i, kind_name(kind));
+      ins.emplace_back(i, op_name(kind));
       TORCH_CHECK(i.numel() == output.numel() && i.scalar_type() == output.scalar_type(),
-                  kind_name(kind), ": each input must be like the output (", output.numel(), ' ',
+                  op_name(kind), ": each input must be like the output (", output.numel(), ' ',
                   output.scalar_type(), "), one is ", i.numel(), ' ', i.scalar_type());
     }
     const std::size_t e = output.element_size();
@@ -782,7 +750,7 @@ class ShmBackend final : public c10d::Backend {
     const std::size_t q = std::max<std::size_t>(1, segment_->slot_bytes() / size_);
     Descriptor d{};
     d.seq = seq_;
-    d.op = static_cast<std::uint32_t>(Kind::kAlltoall);
+    d.op = static_cast<std::uint32_t>(CollectiveOp::kAllToAll);
     d.dtype = static_cast<std::int32_t>(dtype);
     for (const Piece& p : sends) d.extra = std::max<std::uint64_t>(d.extra, p.bytes);
     std::size_t stages = 1;
