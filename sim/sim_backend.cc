@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/memory_stats.h"
+#include "backend/served_cuda.h"
 #include "contract/node_memory.h"
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
@@ -80,6 +81,38 @@ bool SimBackend::serves_cuda(const Options& options) const { return options.sim_
 
 bool SimBackend::computes_shapes(const Options& options) const {
   return sim::computes_shapes(options);
+}
+
+namespace {
+
+// The node's GPUs as torch's cuda devices (NOTE [CUDA on sim]), for the native module.
+class SimServedCuda final : public backend::ServedCuda {
+ public:
+  void set_refusal(Refusal refusal) const override { cuda::set_refusal(refusal); }
+  void check_node(const std::string& spec) const override { (void)parse_node_spec(spec); }
+  void cover_operators_ahead() const override { cuda::cover_operators_ahead(); }
+  void count_in_forked_child() const override { memory::count_in_forked_child(); }
+  std::optional<std::uint64_t> free_memory(int device) const override {
+    return memory::free_memory(device);
+  }
+  void empty_cache(int device) const override { cuda::empty_cache(device); }
+  void reset_accumulated_memory_stats(int device) const override {
+    cuda::reset_accumulated_memory_stats(device);
+  }
+  void set_memory_fraction(int device, double fraction) const override {
+    cuda::set_memory_fraction(device, fraction);
+  }
+  c10::DataPtr count_without_data(int device, std::size_t bytes) const override {
+    return memory::count_without_data(device, bytes);
+  }
+  int device_of(const c10::Storage& storage) const override { return cuda::device_of(storage); }
+};
+
+}  // namespace
+
+const backend::ServedCuda* SimBackend::served_cuda() const {
+  static const SimServedCuda served;
+  return &served;
 }
 
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }

@@ -39,6 +39,7 @@ class SimBackend final : public backend::Backend {
   // unless SGPU_SIM_CUDA=off, counting memory on each in device scopes.
   bool serve_cuda(int device_index) const override;
   bool serves_cuda(const Options& options) const override;
+  const backend::ServedCuda* served_cuda() const override;
   // Options::sim_compute (SGPU_SIM_COMPUTE stands in for it) is "shapes".
   bool computes_shapes(const Options& options) const override;
 };

@@ -16,6 +16,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -31,6 +32,7 @@
 
 #include "backend/backend_table.h"
 #include "backend/gpu_type.h"
+#include "backend/served_cuda.h"
 #include "contract/front_end.h"
 #include "contract/host_memory.h"
 #include "contract/node_memory.h"
@@ -55,9 +57,6 @@
 #include "sgpu/memory.h"
 #include "sgpu/options.h"
 #include "sgpu/tracking.h"
-#include "sim/cuda/sim_cuda.h"
-#include "sim/memory/device_allocator.h"
-#include "sim/node_spec.h"
 
 namespace py = pybind11;
 
@@ -538,10 +537,10 @@ py::tuple cuda_generators(int count) {
   return out;
 }
 
-// Sim's refusals (sim::cuda::refuse) as Python sees them: sgpu.errors.NotSimulatedError, a
-// NotImplementedError, where torch would turn a C++ exception into a plain one. torch's
-// bindings restore the Python error a python_error carries, the autograd engine's threads
-// included.
+// Sim's refusals (backend::ServedCuda::set_refusal) as Python sees them:
+// sgpu.errors.NotSimulatedError, a NotImplementedError, where torch would turn a C++ exception into
+// a plain one. torch's bindings restore the Python error a python_error carries, the autograd
+// engine's threads included.
 [[noreturn]] void refuse_in_python(const std::string& message) {
   py::gil_scoped_acquire gil;
   const py::object error = py::module_::import("sgpu.errors").attr("NotSimulatedError");
@@ -551,8 +550,30 @@ py::tuple cuda_generators(int count) {
   throw raised;
 }
 
+// The backend that serves torch's cuda devices (backend/served_cuda.h): the rank's, a process
+// on the node's; else the first of the table that serves any. Found once: a process that
+// serves cuda keeps its backend, and a fake storage asks for each tensor.
+const backend::ServedCuda& served_cuda() {
+  static std::atomic<const backend::ServedCuda*> found{nullptr};
+  if (const backend::ServedCuda* known = found.load()) return *known;
+  const backend::ServedCuda* served = nullptr;
+  if (const std::string backend = process_backend(); !backend.empty()) {
+    served = backend::find_backend(backend).served_cuda();
+  }
+  for (const backend::BackendEntry& entry : backend::backend_table()) {
+    if (served == nullptr) served = backend::find_backend(entry.name).served_cuda();
+  }
+  if (served == nullptr) throw ConfigError("this sgpu has no backend that serves cuda devices");
+  found.store(served);
+  return *served;
+}
+
 void bind_cuda_on_sim(py::module_& m) {
-  sim::cuda::set_refusal(&refuse_in_python);
+  for (const backend::BackendEntry& entry : backend::backend_table()) {
+    if (const auto* served = backend::find_backend(entry.name).served_cuda()) {
+      served->set_refusal(&refuse_in_python);
+    }
+  }
   m.def("serve_cuda", &serve_cuda);
   // The node's memory ledger serve_cuda() opened or made (NOTE [A node's shared device
   // memory]), for os.environ, which the C environment's changes do not reach.
@@ -561,9 +582,9 @@ void bind_cuda_on_sim(py::module_& m) {
     return name != nullptr ? std::optional<std::string>(name) : std::nullopt;
   });
   m.def("join_node", [] { g_on_node = true; });
-  m.def("count_in_forked_child", &sim::memory::count_in_forked_child);
-  m.def("check_node_spec", [](const std::string& spec) { (void)sim::parse_node_spec(spec); });
-  m.def("cover_cuda_operators_ahead", &sgpu::sim::cuda::cover_operators_ahead);
+  m.def("count_in_forked_child", [] { served_cuda().count_in_forked_child(); });
+  m.def("check_node_spec", [](const std::string& spec) { served_cuda().check_node(spec); });
+  m.def("cover_cuda_operators_ahead", [] { served_cuda().cover_operators_ahead(); });
   m.def("cuda_devices", &cuda_devices);
   m.def("cuda_current_device", [] { return static_cast<int>(cuda_guard().getDevice().index()); });
   m.def("cuda_set_device", [](int index) { cuda_guard().setDevice(cuda_device(index)); });
@@ -587,24 +608,25 @@ void bind_cuda_on_sim(py::module_& m) {
   m.def("cuda_reset_peak_memory_stats",
         [](int index) { rank_backend().reset_peak_memory_stats(resolve_device(index)); });
   m.def("cuda_reset_accumulated_memory_stats",
-        [](int index) { sim::cuda::reset_accumulated_memory_stats(resolve_device(index)); });
-  m.def("cuda_empty_cache", [](int index) { sim::cuda::empty_cache(resolve_device(index)); });
+        [](int index) { served_cuda().reset_accumulated_memory_stats(resolve_device(index)); });
+  m.def("cuda_empty_cache", [](int index) { served_cuda().empty_cache(resolve_device(index)); });
   // What the device may still reserve, every process on the node counted (None when its
   // memory is not counted).
   m.def("cuda_free_memory", [](int index) -> std::optional<std::uint64_t> {
-    return sim::memory::free_memory(resolve_device(index));
+    return served_cuda().free_memory(resolve_device(index));
   });
   // Shape-only compute (sgpu/_shapes.py): a fake tensor's storage of `bytes` on served
   // device `index`, counted by the device's memory model until the returned object goes.
   m.def("count_fake_storage", [](int index, std::size_t bytes) {
-    auto* held = new c10::DataPtr(sim::memory::count_without_data(resolve_device(index), bytes));
+    auto* held = new c10::DataPtr(served_cuda().count_without_data(resolve_device(index), bytes));
     return py::capsule(held, [](void* data) { delete static_cast<c10::DataPtr*>(data); });
   });
   m.def("cuda_set_memory_fraction", [](double fraction, int index) {
-    sim::cuda::set_memory_fraction(resolve_device(index), fraction);
+    served_cuda().set_memory_fraction(resolve_device(index), fraction);
   });
-  m.def("cuda_storage_device",
-        [](py::handle storage) { return sim::cuda::device_of(THPStorage_Unpack(storage.ptr())); });
+  m.def("cuda_storage_device", [](py::handle storage) {
+    return served_cuda().device_of(THPStorage_Unpack(storage.ptr()));
+  });
 }
 
 // The caller's side: a call started, waited on, its results and its ranks' records read.

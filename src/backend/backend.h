@@ -28,6 +28,7 @@ using sgpu::Gpu;
 using sgpu::Inventory;
 
 class ProcessGroupFactory;  // backend/process_group_factory.h
+class ServedCuda;           // backend/served_cuda.h
 
 class Backend {
  public:
@@ -66,6 +67,9 @@ class Backend {
   // Whether a call with `options` has its Python ranks serve_cuda(): its fork server then
   // prepares what they share ahead of the fork (sgpu._fork_server's --cuda-on-sim).
   virtual bool serves_cuda(const Options& options) const { return false; }
+  // What torch.cuda asks of the devices serve_cuda() serves (backend/served_cuda.h); nullptr
+  // where the backend serves none. The default serves none.
+  virtual const ServedCuda* served_cuda() const { return nullptr; }
 
   // Whether a call with `options` has its ranks compute shapes without data (sim's
   // shape-only compute: Options::sim_compute "shapes"); ConfigError naming the option for a
