@@ -36,9 +36,8 @@ Attempt::Attempt(const CallSetup& call, Peers& peers, RankStarter& starter,
                  std::vector<std::pair<std::string, std::string>> tracking_env)
     : call_(call), peers_(peers), starter_(starter), tracking_env_(std::move(tracking_env)) {}
 
-Verdict Attempt::run(int cancel_fd) {
+Verdict Attempt::run(int cancel_fd, const InterruptScope& interrupts) {
   const Options& options = call_.options;
-  const InterruptScope interrupts(call_.caught_signals);
   Monitor monitor(starter_, slots_, *this, cancel_fd, interrupts);
   try {
     start_ranks();

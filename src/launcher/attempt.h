@@ -56,8 +56,10 @@ class Attempt final : private MonitorHooks {
   Attempt(const CallSetup& call, Peers& peers, RankStarter& starter,
           std::vector<std::pair<std::string, std::string>> tracking_env);
 
-  // Starts the ranks and watches them until they are gone (`cancel_fd` readable: cancel).
-  Verdict run(int cancel_fd);
+  // Starts the ranks and watches them until they are gone (`cancel_fd` readable: cancel;
+  // `interrupts`: the caller's signals that end the call, caught by the call for as long as
+  // it runs, its run's end included).
+  Verdict run(int cancel_fd, const InterruptScope& interrupts);
 
   // What the try's error is made of (call_end.h) for `outcome`: every rank's row, the other
   // nodes' too.

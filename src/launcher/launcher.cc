@@ -124,8 +124,11 @@ class CallImpl final : public detail::Call {
   }
 
   // On the call's own thread: the ranks' one try, the other nodes' reports, the run's end.
+  // The caller's signals are caught until the call has finished: a caught one is raised
+  // again only once the run has ended (its status KILLED) and the handle has its error.
   void run() {
-    Verdict verdict = attempt_->run(cancel_fd_.get());
+    const InterruptScope interrupts(setup_.caught_signals);
+    Verdict verdict = attempt_->run(cancel_fd_.get(), interrupts);
     // A node that joined node 0's run sends its ranks' spools there before node 0, which
     // waits for every node's report, can end it.
     if (tracking_ && tracking_->joined()) end_tracking(verdict.outcome);
