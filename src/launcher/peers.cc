@@ -43,8 +43,8 @@ class OneNode final : public Peers {
   }
 
  private:
-  const nodes::NodePlan plan_;
-  const std::vector<RankFailure> rows_;
+  const nodes::NodePlan plan_{};
+  const std::vector<RankFailure> rows_{};
   std::unique_ptr<rendezvous::HostStore> store_;
 };
 
@@ -128,7 +128,7 @@ class LinkedNodes final : public Peers {
   }
 
   std::unique_ptr<nodes::NodeLink> link_;
-  const nodes::NodePlan plan_;
+  const nodes::NodePlan plan_{};
   const std::string host_;         // this node's host name
   std::vector<RankFailure> rows_;  // the other nodes' ranks, from their reports
   std::vector<std::string> logs_;  // where the other nodes keep their logs
