@@ -662,6 +662,13 @@ void bind_caller_side(py::module_& m) {
   });
   // A text setting's variable (NOTE [Settings]): "" where unset.
   m.def("setting_text", [](const std::string& env) { return contract::setting_text(env); });
+  // A rank folder's stack files (NOTE [Stack dumps]): its stacks/ folder, the Python
+  // tracebacks' file in it, and the file a program's pid is announced in.
+  m.def("stack_files", [](const std::string& rank_dir) {
+    return py::make_tuple(contract::stacks_dir(rank_dir).string(),
+                          contract::python_stacks_file(rank_dir).string(),
+                          contract::program_pid_file(rank_dir).string());
+  });
   m.def("nodes_here", &nodes_here);
   // Whether the call folds its simulated nodes into one launch (NOTE [A folded world]):
   // sim_fold, the environment's override applied.

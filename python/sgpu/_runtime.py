@@ -36,7 +36,7 @@ def arm_program_stacks() -> None:
 
     _native.arm_program_stacks()
     if arm_python_stacks(_native):  # else not announced: the Python signal would kill it
-        announce_stacks(rank_dir)
+        announce_stacks(_native, rank_dir)
 
 
 def _env_int(name: str, fallback: int) -> int:

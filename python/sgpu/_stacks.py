@@ -18,12 +18,12 @@ def arm_python_stacks(native, rank_dir: str | None = None) -> bool:
 
     if rank_dir is None:
         rank_dir = os.environ.get("SGPU_RANK_DIR", "")
-    folder = os.path.join(rank_dir, "stacks")
-    if not os.path.isdir(folder):
+    folder, python_file, _ = native.stack_files(rank_dir)
+    if not rank_dir or not os.path.isdir(folder):
         return False
     global _STACK_FILE
     try:
-        _STACK_FILE = open(os.path.join(folder, "python"), "w")  # noqa: SIM115 - the rank's life
+        _STACK_FILE = open(python_file, "w")  # noqa: SIM115 - the rank's life
     except OSError:
         return False
     faulthandler.register(native.python_stack_signal(), file=_STACK_FILE, all_threads=True)
@@ -36,16 +36,16 @@ def arm_world_stacks(native) -> None:
     the world hangs (NOTE [A node's worlds] in src/launcher/node_watch.h)."""
     rank_dir = native.node_world_rank_dir()
     if rank_dir and arm_python_stacks(native, rank_dir):
-        announce_stacks(rank_dir)
+        announce_stacks(native, rank_dir)
 
 
-def announce_stacks(rank_dir: str) -> None:
+def announce_stacks(native, rank_dir: str) -> None:
     """This process's pid in rank-N/stacks/program.pid: it answers the Python signal."""
-    folder = os.path.join(rank_dir, "stacks")
+    folder, _, pid_file = native.stack_files(rank_dir)
     staged = os.path.join(folder, f".program.pid.{os.getpid()}")
     try:  # a full runs folder: no stacks, and the program goes on
         with open(staged, "w") as out:
             out.write(str(os.getpid()))
-        os.replace(staged, os.path.join(folder, "program.pid"))
+        os.replace(staged, pid_file)
     except OSError:
         pass

@@ -76,6 +76,10 @@ std::filesystem::path program_pid_file(const std::filesystem::path& rank_dir) {
   return stacks_dir(rank_dir) / "program.pid";
 }
 
+std::filesystem::path python_stacks_file(const std::filesystem::path& rank_dir) {
+  return stacks_dir(rank_dir) / "python";
+}
+
 void arm_stack_dump(const std::filesystem::path& rank_dir) {
   if (rank_dir.empty()) return;
   const std::string dir = stacks_dir(rank_dir).string() + "/";

@@ -23,6 +23,8 @@ std::filesystem::path stacks_dir(const std::filesystem::path& rank_dir);
 // program (a Python one that imports sgpu) has armed its dumps; the caller then asks it,
 // not its supervisor.
 std::filesystem::path program_pid_file(const std::filesystem::path& rank_dir);
+// rank-N/stacks/python: a Python process's tracebacks on the Python signal (its faulthandler).
+std::filesystem::path python_stacks_file(const std::filesystem::path& rank_dir);
 
 // In the rank, once, before anything can hang: creates the folder and installs the
 // handler. Does nothing for an empty rank folder.

@@ -114,6 +114,7 @@ struct Pending {
   AddressSpace space;  // read when signalled: a rank that exits meanwhile takes its map along
   fs::path dir;
   bool python = false;
+  fs::path python_file;  // contract::python_stacks_file
   std::uintmax_t python_size = 0;
   bool python_done = false;
 };
@@ -137,7 +138,7 @@ bool all_answered(std::vector<Pending>& pending) {
     if (p.python && !p.python_done) {
       // faulthandler writes as it goes: done once the file has stopped growing.
       std::error_code ec;
-      const std::uintmax_t size = fs::file_size(p.dir / "python", ec);
+      const std::uintmax_t size = fs::file_size(p.python_file, ec);
       p.python_done =
           (!ec && size > 0 && size == p.python_size) || gone(p.stacks.pid, p.stacks.pid);
       p.python_size = ec ? 0 : size;
@@ -169,11 +170,13 @@ std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
     p.stacks.pid = target.pid;
     p.dir = contract::stacks_dir(target.rank_dir);
     p.python = target.python;
+    p.python_file = contract::python_stacks_file(target.rank_dir);
     std::error_code ec;
     // An earlier dump's files go; faulthandler's own file stays open in the rank.
     for (const auto& entry : fs::directory_iterator(p.dir, ec)) {
       const fs::path name = entry.path().filename();
-      if (name != "python" && name != contract::program_pid_file({}).filename()) {
+      if (name != contract::python_stacks_file({}).filename() &&
+          name != contract::program_pid_file({}).filename()) {
         fs::remove(entry.path(), ec);
       }
     }
@@ -214,7 +217,7 @@ std::vector<RankStacks> take_stacks(const std::vector<StackTarget>& targets,
       }
       thread.frames = std::move(frames);
     }
-    if (p.python) p.stacks.python = read_text(p.dir / "python");
+    if (p.python) p.stacks.python = read_text(p.python_file);
     taken.push_back(std::move(p.stacks));
   }
   return taken;

@@ -17,6 +17,7 @@
 #include "contract/node_memory.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
+#include "contract/stack_dump.h"
 #include "testing/temp_dir.h"
 
 namespace {
@@ -163,6 +164,10 @@ TEST(RunFolder, NamesAreTheDocumentedLayout) {
   EXPECT_EQ(rank.stderr_log(), "/runs/abc/rank-3/stderr.log");
   EXPECT_EQ(rank.tracking_spool(), "/runs/abc/rank-3/tracking-spool.jsonl");
   EXPECT_EQ(rank.abrupt_end(), "/runs/abc/rank-3/abrupt-end");
+  // NOTE [Stack dumps]: what the caller and a Python rank (through the native module) name.
+  EXPECT_EQ(sgpu::contract::stacks_dir(rank.dir), "/runs/abc/rank-3/stacks");
+  EXPECT_EQ(sgpu::contract::python_stacks_file(rank.dir), "/runs/abc/rank-3/stacks/python");
+  EXPECT_EQ(sgpu::contract::program_pid_file(rank.dir), "/runs/abc/rank-3/stacks/program.pid");
   EXPECT_TRUE(sgpu::contract::RunFolder::is_rank_folder_name("rank-12"));
   EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("rank-"));
   EXPECT_FALSE(sgpu::contract::RunFolder::is_rank_folder_name("call.bin"));
