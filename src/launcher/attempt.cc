@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iostream>
 
 #include "contract/abrupt_end.h"
 #include "contract/collective_ring.h"
@@ -18,7 +17,6 @@
 #include "launcher/rank_environment.h"
 #include "launcher/stacks.h"
 #include "rank/accounting.h"
-#include "serialize/error_record.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
 

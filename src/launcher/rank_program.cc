@@ -1,11 +1,9 @@
 #include "launcher/rank_program.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "contract/front_end.h"
-#include "contract/rank_env.h"
 #include "contract/stack_dump.h"
 #include "launcher/fork_server.h"
 #include "rank/program.h"

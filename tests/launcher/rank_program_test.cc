@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "contract/rank_env.h"
 #include "contract/stack_dump.h"
 #include "serialize/record.h"
 #include "sgpu/errors.h"
