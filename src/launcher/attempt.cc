@@ -249,16 +249,20 @@ std::vector<RankFailure> Attempt::all_rows() const {
   return rows;
 }
 
+// The rank's result record's payload, within the call's payload limit; RecordError for a
+// result missing, cut short or too large.
+std::string Attempt::result_of(const RankSlot& slot) const {
+  return serialize::read_record_file(slot.folder.result(), serialize::RecordKind::kResult,
+                                     call_.options.max_payload_bytes);
+}
+
 NodeEnd Attempt::node_end(bool read_results) const {
   NodeEnd end;
   end.run_dir = call_.run_dir;
   for (const RankSlot& slot : slots_) end.rows.push_back(row_for(slot));
   if (!read_results) return end;
   try {
-    for (const RankSlot& slot : slots_) {
-      end.results.push_back(serialize::read_record_file(
-          slot.folder.result(), serialize::RecordKind::kResult, call_.options.max_payload_bytes));
-    }
+    for (const RankSlot& slot : slots_) end.results.push_back(result_of(slot));
   } catch (const serialize::RecordError&) {
     end.results.clear();  // read_results() says which rank's result is bad
   }
@@ -268,8 +272,7 @@ NodeEnd Attempt::node_end(bool read_results) const {
 std::exception_ptr Attempt::read_results(CallEnd& end, std::vector<std::string>& results) const {
   for (const RankSlot& slot : slots_) {
     try {
-      results.push_back(serialize::read_record_file(
-          slot.folder.result(), serialize::RecordKind::kResult, call_.options.max_payload_bytes));
+      results.push_back(result_of(slot));
     } catch (const serialize::RecordError& e) {
       // Over several nodes the rows are every node's, in global rank order.
       RankFailure& row = *std::find_if(end.rows.begin(), end.rows.end(),

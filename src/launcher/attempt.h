@@ -92,6 +92,7 @@ class Attempt final : private MonitorHooks {
   std::vector<RankView> rank_views() const;
   void take_rank_stacks();
   RankFailure row_for(const RankSlot& slot) const;
+  std::string result_of(const RankSlot& slot) const;
   std::vector<RankFailure> all_rows() const;
   std::string what_failed(const Verdict& verdict) const;
   bool shows_on_console(int rank) const;
