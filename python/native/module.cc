@@ -561,7 +561,8 @@ const backend::ServedCuda& served_cuda() {
     served = backend::find_backend(backend).served_cuda();
   }
   for (const backend::BackendEntry& entry : backend::backend_table()) {
-    if (served == nullptr) served = backend::find_backend(entry.name).served_cuda();
+    if (served != nullptr) break;
+    served = backend::find_backend(entry.name).served_cuda();
   }
   if (served == nullptr) throw ConfigError("this sgpu has no backend that serves cuda devices");
   found.store(served);
