@@ -488,7 +488,6 @@ std::string settings_markdown() {
       "| --- | --- | --- | --- |\n";
   for (const SettingRow& row : kSettings) {
     std::string takes = type_text(row.type).takes;
-    if (row.type == OptionType::kBool) takes = "on or off";
     if (row.type == OptionType::kInt) {
       takes += " from " + std::to_string(row.min) + " to " + std::to_string(row.max);
     }
