@@ -73,6 +73,7 @@ double StreamTimeline::kernel(std::int64_t stream, double host_seconds, double k
   Moment& clock = streams_[stream];
   clock.real = std::max(clock.real, host_) + kernel_seconds;
   clock.alone = std::max(clock.alone, host_) + kernel_seconds;
+  moved(clock);
   return compute_end() - before;
 }
 
@@ -81,6 +82,7 @@ Moment StreamTimeline::collective(std::int64_t channel, std::int64_t stream, dou
   Moment& clock = channels_[channel];
   clock.real = std::max({clock.real, issued.real, host_}) + seconds;
   clock.alone = std::max({clock.alone, issued.alone, host_});
+  end_ = std::max(end_, clock.real);
   return clock;
 }
 
@@ -93,19 +95,16 @@ void StreamTimeline::wait(std::int64_t stream, const Moment& point) {
   Moment& clock = streams_[stream];
   clock.real = std::max(clock.real, point.real);
   clock.alone = std::max(clock.alone, point.alone);
+  moved(clock);
 }
 
-double StreamTimeline::end() const {
-  double end = 0;
-  for (const auto& [id, clock] : streams_) end = std::max(end, clock.real);
-  for (const auto& [id, clock] : channels_) end = std::max(end, clock.real);
-  return end;
+void StreamTimeline::moved(const Moment& stream_clock) {
+  end_ = std::max(end_, stream_clock.real);
+  compute_end_ = std::max(compute_end_, stream_clock.alone);
 }
 
-double StreamTimeline::compute_end() const {
-  double end = 0;
-  for (const auto& [id, clock] : streams_) end = std::max(end, clock.alone);
-  return end;
-}
+double StreamTimeline::end() const { return end_; }
+
+double StreamTimeline::compute_end() const { return compute_end_; }
 
 }  // namespace sgpu::model

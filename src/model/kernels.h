@@ -120,9 +120,15 @@ class StreamTimeline {
   double exposed() const { return end() - compute_end(); }
 
  private:
+  // Each clock only moves on, so the ends are kept as they move rather than sought: a
+  // program that takes a fresh stream for each future's callback has as many streams.
+  void moved(const Moment& stream_clock);
+
   double host_ = 0;
   std::map<std::int64_t, Moment> streams_;
   std::map<std::int64_t, Moment> channels_;
+  double end_ = 0;          // the latest of every stream's and channel's real clock
+  double compute_end_ = 0;  // the latest of every stream's clock with no collective time
 };
 
 }  // namespace sgpu::model
