@@ -434,6 +434,35 @@ def _objects_as_bookkeeping():
         c10d._object_to_tensor, c10d._tensor_to_object = to_tensor, to_object
 
 
+@contextlib.contextmanager
+def _callbacks_chain_on_the_host():
+    """A collective's future completes with events on its GPU at the collective's predicted
+    end (NOTE [The step's timeline]): a wait on it, and a callback added to it, wait there.
+    torch's then() makes a future on the same GPUs, which finds its value's GPUs from the
+    tensors' storages, and shapes have theirs on no GPU. Here then() chains on the host: the
+    callback still runs after the collective's end, and its future holds no events, so a
+    wait on it waits for nothing on the GPU."""
+    then = torch._C.Future.then
+
+    def chained(self, callback):
+        future = torch.futures.Future()
+
+        def run(done):
+            try:
+                future.set_result(callback(done))
+            except Exception as error:  # the chained future holds it, as then()'s does
+                future.set_exception(error)
+
+        self.add_done_callback(run)
+        return future
+
+    torch._C.Future.then = chained
+    try:
+        yield
+    finally:
+        torch._C.Future.then = then
+
+
 # Shape-only modes entered in this process, and not left: DCP's saves refuse while one is.
 _entered = 0
 
@@ -532,7 +561,7 @@ def shapes_only():
     try:
         with _swappable(mode), _resizes_counted(mode), _attention_as_on_gpu(), _saves_refused(), \
                 _loads_integers(), _objects_as_bookkeeping(), _functional_collectives_eager(), \
-                mode:
+                _callbacks_chain_on_the_host(), mode:
             yield
     finally:
         _entered -= 1

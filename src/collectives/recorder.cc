@@ -76,7 +76,7 @@ class RecordedWork final : public ForwardingWork {
 };
 
 // A collective on the rank's step timeline (NOTE [The step's timeline]): whoever waits
-// for its Work waits, on the stream current then, for its predicted end.
+// for its Work, or on its future, waits, on the stream current then, for its predicted end.
 class TimedWork final : public ForwardingWork {
  public:
   TimedWork(c10::intrusive_ptr<c10d::Work> inner, model::Moment end)
@@ -86,6 +86,10 @@ class TimedWork final : public ForwardingWork {
     const bool done = inner().wait(timeout);
     wait_on_current_stream(end_);
     return done;
+  }
+  // Whoever waits through the future (DDP's reducer, a comm hook's then()) waits there too.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return completes_at(inner().getFuture(), end_);
   }
 
  private:

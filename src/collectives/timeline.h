@@ -4,9 +4,11 @@
 // wait on the stream that waits (recorder.cc), and CUDA on sim's events carry a stream's
 // point to another (sim/cuda/guard.cc). The current stream is what CUDA on sim says it is
 // (read_current_stream_from); everything is on one stream where nothing says (a C++ rank
-// on CPU, a rank on real GPUs).
+// on CPU, a rank on real GPUs). A collective's future completes with events at the
+// collective's end (completes_at), as NCCL's does, so a wait through it is a wait too.
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <c10/core/Stream.h>
 
 #include <cstdint>
@@ -28,6 +30,11 @@ void wait_on_current_stream(const model::Moment& point);
 // An event recorded on `stream`, and `stream` waiting for one.
 model::Moment stream_point(const c10::Stream& stream);
 void stream_waits(const c10::Stream& stream, const model::Moment& point);
+// A future that completes after `done`, as a collective's on a GPU does (NCCL's): with
+// events on its tensors' GPUs at `end`, so that a stream that waits on it goes on only
+// after `end`. `done` itself where nothing says what the current stream is.
+c10::intrusive_ptr<c10::ivalue::Future> completes_at(c10::intrusive_ptr<c10::ivalue::Future> done,
+                                                     const model::Moment& end);
 // The step's end with its collectives and without them, so far.
 double timeline_exposed_seconds();
 

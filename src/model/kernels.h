@@ -93,16 +93,17 @@ struct Moment {
 // when it was issued, after what that stream ran before, and not before the host issued it.
 // A collective runs on its group's own channel, as NCCL's stream, once the stream it was
 // issued on reaches that point and the channel is free; a stream that waits for it (its
-// Work's wait(), or an event recorded after such a wait) goes on only once it ends.
+// Work's wait(), a wait on its future, which completes with events at its end as NCCL's
+// does, or an event recorded after such a wait) goes on only once it ends.
 // Events carry a stream's point to another stream. So compute and communication overlap
 // exactly as far as the program's dependencies let them: FSDP2's prefetched all-gathers,
 // reduce-scatters behind backward.
 // The step is the latest point of any stream or channel; the same schedule with every
 // collective taking no time gives the compute's own critical path, and the difference is
 // the exposed communication. What is left out: the host waiting for the GPU
-// (synchronize, .item()), and a wait through a Work's future rather than the Work (DDP's
-// reducer): the collective then still counts to the step's end, but nothing waits for it
-// before.
+// (synchronize, .item()), and, in shape-only compute, a wait on a future that then() made
+// from a collective's (a Python comm hook's): its callback runs after the collective, but
+// the future waits on the host only.
 class StreamTimeline {
  public:
   // An operator issued `host_seconds` after the previous one, its kernel `kernel_seconds`

@@ -374,9 +374,11 @@ def test_a_tiny_models_step_is_bound_by_the_host_that_issues_its_kernels():
     assert roofline < got["seconds"] / 1000
 
 
-def beside_a_matmul(asynchronous: bool) -> dict:
+def beside_a_matmul(wait: str) -> dict:
     """An all-reduce of 256 MiB of bfloat16 and a 16384x8192 by 8192x8192 matmul, the
-    all-reduce issued first: waited after the matmul is issued, or at once."""
+    all-reduce issued first: waited after the matmul is issued ("after"), at once
+    ("at_once"), or at once through its future ("future", and "then" through a callback's
+    future, as DDP's comm hooks do)."""
     import torch.distributed as dist
 
     torch.cuda.set_device(sgpu.get_local_rank())
@@ -385,9 +387,16 @@ def beside_a_matmul(asynchronous: bool) -> dict:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     grads = torch.empty(128 << 20, device="cuda", dtype=torch.bfloat16)
     before = sgpu.compute_stats()
-    work = dist.all_reduce(grads, async_op=asynchronous)
+    work = dist.all_reduce(grads, async_op=True)
+    if wait == "at_once":
+        work.wait()
+    elif wait == "future":
+        work.get_future().wait()
+    elif wait == "then":
+        halved = work.get_future().then(lambda done: done.value()[0] / 2).wait()
+        assert halved.shape == grads.shape and halved.device == grads.device
     a @ b
-    if work is not None:
+    if wait == "after":
         work.wait()
     a @ b
     after = sgpu.compute_stats()
@@ -399,11 +408,12 @@ def beside_a_matmul(asynchronous: bool) -> dict:
 def test_a_collective_is_exposed_only_where_nothing_runs_beside_it():
     """NOTE [The step's timeline]: an all-reduce (0.63 ms on two H100s) issued before a
     matmul (2.8 ms) and waited after it runs beside it, hidden; waited at once, the stream
-    stops for all of it."""
+    stops for all of it, whether through its Work or its future (NCCL's future completes
+    with CUDA events on the collective's stream: its waiters wait on the GPU)."""
     call = distributed(gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")(
         beside_a_matmul)
-    hidden = call.distributed(True)[0]
-    handle = call.launch(False)
+    hidden = call.distributed("after")[0]
+    handle = call.launch("at_once")
     waited = handle.result()[0]
     all_reduce = handle.comm_stats()[0]["world"]["all_reduce"]
     assert all_reduce["count"] == 1
@@ -412,6 +422,47 @@ def test_a_collective_is_exposed_only_where_nothing_runs_beside_it():
     assert hidden["exposed_collective_seconds"] == pytest.approx(0, abs=1e-9)
     assert waited["exposed_collective_seconds"] == pytest.approx(
         all_reduce["predicted_seconds"], rel=1e-6)
+    through_future = call.distributed("future")[0]
+    assert through_future["exposed_collective_seconds"] == pytest.approx(
+        waited["exposed_collective_seconds"], rel=1e-6)
+    # A then() callback runs after the collective's end, but its future waits on the host
+    # only (shapes have no storage on a GPU to carry events): the matmuls hide it again.
+    chained = call.distributed("then")[0]
+    assert chained["exposed_collective_seconds"] == pytest.approx(0, abs=1e-9)
+
+
+def ddp_step_then_a_matmul() -> dict:
+    """A DDP step of one 8192x8192 bfloat16 layer (one bucket of 128 MiB), then a matmul:
+    DDP's reducer waits for the bucket's all-reduce through its future at backward's end."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    local = sgpu.get_local_rank()
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    layer = torch.nn.Linear(8192, 8192, bias=False, device="cuda", dtype=torch.bfloat16)
+    model = DistributedDataParallel(layer, device_ids=[local], bucket_cap_mb=1024)
+    x = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
+    before = sgpu.compute_stats()
+    model(x).sum().backward()
+    x @ layer.weight
+    after = sgpu.compute_stats()
+    dist.destroy_process_group()
+    return {key: after[key] - before[key]
+            for key in ("predicted_seconds", "exposed_collective_seconds")}
+
+
+def test_ddps_bucket_is_waited_for_through_its_future_before_what_follows_backward():
+    """NOTE [The step's timeline]: the bucket's all-reduce is issued as backward's last
+    gradient is ready and nothing runs beside it, so all of it is exposed, though the matmul
+    after backward would have covered it had nothing waited."""
+    call = distributed(gpus=2, tracking=False, sim_compute="shapes", sim_node="2xH100")(
+        ddp_step_then_a_matmul).launch()
+    got = call.result()[0]
+    all_reduces = call.comm_stats()[0]["world"]["all_reduce"]
+    bucket = all_reduces["predicted_seconds"] / all_reduces["count"]
+    assert all_reduces["count"] == 1
+    assert got["exposed_collective_seconds"] == pytest.approx(bucket, rel=1e-3)
 
 
 def attention_block() -> float:
