@@ -12,14 +12,16 @@ themselves.
 
 import os
 
+import _sgpu_rank_env as _rank_env
+
 
 def _on_node() -> bool:
     """A process on a simulated node that sgpu did not start: SGPU_BACKEND=sim as its
     interpreter starts (under `sgpu sim`, in a notebook kernel started so, in what such a
     process starts). sgpu's own roles (a rank, a fork server) see to themselves."""
     env = os.environ
-    return (env.get("SGPU_BACKEND") == "sim" and "SGPU_ROLE" not in env
-            and not env.get("SGPU_RANK_DIR"))
+    return (env.get("SGPU_BACKEND") == "sim" and _rank_env.ROLE not in env
+            and not env.get(_rank_env.RANK_DIR))
 
 
 # The words sgpu's option table takes for on and off (src/contract/option_table.cc; the native
@@ -30,9 +32,10 @@ _OFF = ("off", "0", "false", "no", "OFF", "False")
 
 def _wanted() -> bool:
     env = os.environ
-    if env.get("SGPU_SIM_CUDA", "on") in _OFF or "SGPU_ROLE" in env:
+    if env.get("SGPU_SIM_CUDA", "on") in _OFF or _rank_env.ROLE in env:
         return False
-    return (env.get("SGPU_RANK_BACKEND") == "sim" and bool(env.get("SGPU_RANK_DIR"))) or ON_NODE
+    in_a_sim_rank = env.get(_rank_env.RANK_BACKEND) == "sim" and bool(env.get(_rank_env.RANK_DIR))
+    return in_a_sim_rank or ON_NODE
 
 
 ON_NODE = _on_node()  # read by sgpu._sim_cuda.on_node()

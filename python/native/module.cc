@@ -490,7 +490,8 @@ bool serve_cuda() {
   const contract::RankEnvironment env = contract::read_rank_environment();
   const std::string backend = process_backend();
   if (backend.empty()) return false;
-  return backend::find_backend(backend).serve_cuda(env.role == "worker" ? env.device_index : 0);
+  return backend::find_backend(backend).serve_cuda(
+      env.role == contract::kWorkerRole ? env.device_index : 0);
 }
 
 // Every GPU of the rank's node, as torch.cuda.get_device_properties() describes it.

@@ -10,27 +10,29 @@ from __future__ import annotations
 import os
 import sys
 
+import _sgpu_rank_env as _rank_env
+
 from sgpu._imports import after_import
 from sgpu._process_group import BACKEND_NAME, register_backend  # noqa: F401 - sgpu's API
 from sgpu._stacks import announce_stacks, arm_python_stacks
 
 def is_rank() -> bool:
     """True inside a rank that sgpu started."""
-    return os.environ.get("SGPU_ROLE") == "worker"
+    return os.environ.get(_rank_env.ROLE) == _rank_env.WORKER_ROLE
 
 
 def _in_a_call() -> bool:
     """Inside a function's rank, or inside a program that `sgpu run` started as a rank (it
     has its rank's folder, not the role: the program may make calls of its own)."""
-    return is_rank() or bool(os.environ.get("SGPU_RANK_DIR"))
+    return is_rank() or bool(os.environ.get(_rank_env.RANK_DIR))
 
 
 def arm_program_stacks() -> None:
     """In the program a `sgpu run` rank supervises (not in what the program starts): its
     native and Python stacks on the caller's signals, then its pid in
     rank-N/stacks/program.pid, which tells the caller it may ask. Run by `import sgpu`."""
-    rank_dir = os.environ.get("SGPU_RANK_DIR", "")
-    if is_rank() or not rank_dir or os.environ.get("SGPU_SUPERVISOR_PID") != str(os.getppid()):
+    rank_dir = os.environ.get(_rank_env.RANK_DIR, "")
+    if is_rank() or not rank_dir or os.environ.get(_rank_env.SUPERVISOR_PID) != str(os.getppid()):
         return
     from sgpu import _native
 
@@ -84,9 +86,9 @@ def device():
 
     from sgpu import _sim_cuda
 
-    backend = os.environ.get("SGPU_RANK_BACKEND")
+    backend = os.environ.get(_rank_env.RANK_BACKEND)
     if _in_a_call() and (backend == "cuda" or (backend == "sim" and _sim_cuda.install())):
-        return torch.device("cuda", _env_int("SGPU_DEVICE_INDEX", 0))
+        return torch.device("cuda", _env_int(_rank_env.DEVICE_INDEX, 0))
     return torch.device("cpu")
 
 
@@ -174,8 +176,9 @@ def _serve_cuda_on_sim() -> None:
         return
     from sgpu import _sim_cuda
 
-    if _sim_cuda.wanted() and _sim_cuda.install() and not is_rank() \
-            and os.environ.get("SGPU_RANK_DIR") and os.environ.get("SGPU_SIM_COMPUTE") == "shapes":
+    in_a_shapes_program = not is_rank() and os.environ.get(_rank_env.RANK_DIR) \
+        and os.environ.get(_rank_env.SIM_COMPUTE) == "shapes"
+    if _sim_cuda.wanted() and _sim_cuda.install() and in_a_shapes_program:
         from sgpu import _shapes
 
         _shapes.enter_for_program()

@@ -21,6 +21,8 @@ import inspect
 import os
 import sys
 
+import _sgpu_rank_env as _rank_env
+
 from sgpu import errors
 
 _served = False
@@ -41,7 +43,7 @@ def on_node() -> bool:
     """Whether this process lives on a simulated node without being a rank of a sim launch:
     SGPU_BACKEND was sim when its interpreter started (`sgpu sim`, a notebook kernel
     started so, what such a process starts), or it called sgpu.simulate()."""
-    if "SGPU_ROLE" in os.environ or os.environ.get("SGPU_RANK_DIR"):
+    if _rank_env.ROLE in os.environ or os.environ.get(_rank_env.RANK_DIR):
         return False  # a rank, a fork server: each sees to itself
     if _simulated:
         return True
@@ -74,10 +76,11 @@ def wanted() -> bool:
     a rank of a sim launch, or a process on the node (on_node())."""
     if not _sim_cuda_on():
         return False
-    if os.environ.get("SGPU_ROLE") == "fork-server":  # its ranks serve cuda themselves
+    # A fork server's ranks serve cuda themselves.
+    if os.environ.get(_rank_env.ROLE) == _rank_env.FORK_SERVER_ROLE:
         return False
-    if os.environ.get("SGPU_RANK_DIR"):
-        return os.environ.get("SGPU_RANK_BACKEND") == "sim"
+    if os.environ.get(_rank_env.RANK_DIR):
+        return os.environ.get(_rank_env.RANK_BACKEND) == "sim"
     return on_node()
 
 
@@ -91,7 +94,7 @@ def simulate(node: str | None = None) -> None:
     so does every process started from here after this call. In a process whose cuda
     devices already are the node's, a different node is refused (ConfigError)."""
     global _simulated
-    if "SGPU_ROLE" in os.environ or os.environ.get("SGPU_RANK_DIR"):
+    if _rank_env.ROLE in os.environ or os.environ.get(_rank_env.RANK_DIR):
         raise errors.ConfigError(
             "sgpu.simulate() is for a process that sgpu did not start (a notebook's kernel, a "
             "test session): this is a rank of an sgpu launch, which is on its node already")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import _sgpu_rank_env as _rank_env
+
 _STACK_FILE = None
 
 
@@ -17,7 +19,7 @@ def arm_python_stacks(native, rank_dir: str | None = None) -> bool:
     import faulthandler
 
     if rank_dir is None:
-        rank_dir = os.environ.get("SGPU_RANK_DIR", "")
+        rank_dir = os.environ.get(_rank_env.RANK_DIR, "")
     folder, python_file, _ = native.stack_files(rank_dir)
     if not rank_dir or not os.path.isdir(folder):
         return False

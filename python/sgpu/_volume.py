@@ -29,6 +29,8 @@ import shutil
 import sys
 import time
 
+import _sgpu_rank_env as _rank_env
+
 VARIABLE = "SGPU_SIM_VOLUME"
 TRIES = 5
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
@@ -152,7 +154,7 @@ def simulated() -> SimulatedVolume | None:
 
     text = _native.setting_text(VARIABLE)
     if _simulated is None or _simulated[0] != text:
-        if text and os.environ.get("SGPU_RANK_BACKEND") == "cuda":
+        if text and os.environ.get(_rank_env.RANK_BACKEND) == "cuda":
             from sgpu.errors import ConfigError
 
             raise ConfigError(f"{VARIABLE} simulates a network volume on the sim backend; this "

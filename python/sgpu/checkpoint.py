@@ -41,6 +41,8 @@ from typing import Callable
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+import _sgpu_rank_env as _rank_env
+
 from sgpu import _volume
 
 METADATA = ".metadata"
@@ -59,7 +61,7 @@ __all__ = ["VolumeReader", "VolumeWriter", "complete", "latest", "prune"]
 def _default_stage(kind: str) -> str:
     """A folder of this process's own: under the rank's folder in an sgpu launch (removed
     with it), else the system's temporary folder."""
-    base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
+    base = os.environ.get(_rank_env.RANK_DIR) or tempfile.gettempdir()
     return os.path.join(base, f"sgpu-{kind}-stage-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 

@@ -29,6 +29,8 @@ from typing import Iterator
 import torch
 import torch.utils.data
 
+import _sgpu_rank_env as _rank_env
+
 from sgpu import _volume
 
 __all__ = ["DataLoader", "VolumeDataset", "partition"]
@@ -112,7 +114,7 @@ class VolumeDataset(torch.utils.data.IterableDataset):
 
     def cache_dir(self) -> str:
         if self._cache is None:
-            base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
+            base = os.environ.get(_rank_env.RANK_DIR) or tempfile.gettempdir()
             self._cache = os.path.join(base, f"sgpu-data-cache-{os.getpid()}")
         return self._cache
 
@@ -128,7 +130,7 @@ class VolumeDataset(torch.utils.data.IterableDataset):
         another filesystem than the cache's (a network mount), or a simulated volume. A
         folder on the cache's own disk is read in place."""
         if self._cache_named is None:
-            base = os.environ.get("SGPU_RANK_DIR") or tempfile.gettempdir()
+            base = os.environ.get(_rank_env.RANK_DIR) or tempfile.gettempdir()
             simulated = _volume.simulated()
             self._cache_named = (not _volume.same_filesystem(self.root, base)
                                  or (simulated is not None and simulated.covers(self.root)))

@@ -1,16 +1,9 @@
 #include "contract/rank_env.h"
 
 #include <cstdlib>
+#include <sstream>
 
 namespace sgpu::contract {
-namespace {
-
-std::string env_text(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
-
-}  // namespace
 
 std::string env_string(const char* name) {
   const char* value = std::getenv(name);
@@ -58,19 +51,50 @@ RankEnvironment read_rank_environment() {
   env.local_world_size = static_cast<int>(env_int(kLocalWorldSizeVar, env.local_world_size));
   env.node_rank = static_cast<int>(env_int(kNodeRankVar, env.node_rank));
   env.group_world_size = static_cast<int>(env_int(kGroupWorldSizeVar, env.group_world_size));
-  env.master_addr = env_text(kMasterAddrVar);
+  env.master_addr = env_string(kMasterAddrVar);
   env.master_port = static_cast<int>(env_int(kMasterPortVar, env.master_port));
-  env.role = env_text(kRoleVar);
-  env.call_file = env_text(kCallFileVar);
-  env.rank_dir = env_text(kRankDirVar);
+  env.role = env_string(kRoleVar);
+  env.call_file = env_string(kCallFileVar);
+  env.rank_dir = env_string(kRankDirVar);
   env.device_index = static_cast<int>(env_int(kDeviceVar, env.device_index));
-  env.backend = env_text(kBackendVar);
+  env.backend = env_string(kBackendVar);
   env.parent_pid = static_cast<long>(env_int(kParentVar, env.parent_pid));
   env.lifeline_fd = static_cast<int>(env_int(kLifelineVar, env.lifeline_fd));
   env.group_timeout =
       std::chrono::milliseconds(env_int(kGroupTimeoutVar, env.group_timeout.count()));
   env.recorder_entries = env_int(kRecorderEntriesVar, env.recorder_entries);
   return env;
+}
+
+std::string python_rank_names() {
+  struct Name {
+    const char* python;
+    const char* value;
+  };
+  static constexpr Name kVariables[] = {
+      {"ROLE", kRoleVar},
+      {"RANK_DIR", kRankDirVar},
+      {"DEVICE_INDEX", kDeviceVar},
+      {"RANK_BACKEND", kBackendVar},
+      {"SUPERVISOR_PID", kSupervisorVar},
+      {"SIM_COMPUTE", kSimComputeVar},
+  };
+  static constexpr Name kRoles[] = {
+      {"RANK_ROLE", kRankRole},
+      {"PROGRAM_ROLE", kProgramRole},
+      {"WORKER_ROLE", kWorkerRole},
+      {"FORK_SERVER_ROLE", kForkServerRole},
+  };
+  std::ostringstream out;
+  out << "\"\"\"The variables sgpu's launcher starts a rank with, and the roles SGPU_ROLE names\n"
+         "(NOTE [The rank environment] in src/contract/rank_env.h), for Python that may not load\n"
+         "the native module: `import sgpu`, the interpreter's startup hook. Made from that\n"
+         "contract (contract::python_rank_names()), which contract_test keeps this file equal\n"
+         "to. It imports nothing.\"\"\"\n\n";
+  for (const Name& name : kVariables) out << name.python << " = \"" << name.value << "\"\n";
+  out << "\n# What SGPU_ROLE says a process is.\n";
+  for (const Name& name : kRoles) out << name.python << " = \"" << name.value << "\"\n";
+  return out.str();
 }
 
 }  // namespace sgpu::contract

@@ -2,7 +2,8 @@
 // The variables a rank starts with. The launcher writes them (RankEnvironment::variables,
 // over the caller's environment), and code in the rank reads them only through
 // read_rank_environment(): the rank helpers (sgpu::global_rank() ...), the process group,
-// the simulated backend's fault plan, the rank logger. The rank's place has torchrun's
+// the simulated backend's fault plan, the rank logger; Python that may not load the native
+// module, by the names python_rank_names() gives it. The rank's place has torchrun's
 // names (and DeepSpeed's launcher's), so programs written for torchrun run unchanged; the
 // rest is SGPU_*.
 #pragma once
@@ -43,7 +44,7 @@ inline constexpr const char* kLocalSizeVar = "LOCAL_SIZE";
 inline constexpr const char* kCrossRankVar = "CROSS_RANK";
 inline constexpr const char* kCrossSizeVar = "CROSS_SIZE";
 // sgpu's own.
-inline constexpr const char* kRoleVar = "SGPU_ROLE";  // "rank", "program", "worker" (Python)
+inline constexpr const char* kRoleVar = "SGPU_ROLE";                      // one of the roles below
 inline constexpr const char* kCallFileVar = "SGPU_CALL_FILE";             // the staged call.bin
 inline constexpr const char* kRankDirVar = "SGPU_RANK_DIR";               // rank-<N>/
 inline constexpr const char* kDeviceVar = "SGPU_DEVICE_INDEX";            // device to bind
@@ -64,6 +65,13 @@ inline constexpr const char* kSupervisorVar = "SGPU_SUPERVISOR_PID";
 // launcher/node_watch.h).
 inline constexpr const char* kNodeDirVar = "SGPU_NODE_DIR";
 
+// What SGPU_ROLE says a process is: a C++ function's rank, a program's (`sgpu run`'s), a
+// Python function's rank (sgpu's worker), the fork server that starts ranks.
+inline constexpr const char* kRankRole = "rank";
+inline constexpr const char* kProgramRole = "program";
+inline constexpr const char* kWorkerRole = "worker";
+inline constexpr const char* kForkServerRole = "fork-server";
+
 struct RankEnvironment {
   int rank = 0;
   int local_rank = 0;
@@ -73,7 +81,7 @@ struct RankEnvironment {
   int group_world_size = 1;  // nodes in the launch
   std::string master_addr;
   int master_port = 0;
-  std::string role;  // "rank" (a function's), "program" (sgpu run's)
+  std::string role;  // one of the roles above
   std::filesystem::path call_file;
   std::filesystem::path rank_dir;
   int device_index = 0;
@@ -97,5 +105,10 @@ long long env_int(const char* name, long long fallback);
 
 // The value of environment variable `name`, or "" when it is unset.
 std::string env_string(const char* name);
+
+// The text of python/_sgpu_rank_env.py: the variables and roles above that Python reads, by
+// name, for code that may not load the native module (`import sgpu`, the interpreter's
+// startup hook). contract_test keeps the file equal to it.
+std::string python_rank_names();
 
 }  // namespace sgpu::contract

@@ -18,12 +18,12 @@ int rank_env_int(const char* name, int fallback) {
 void init(int argc, char** argv) {
   rank::set_program_args(argc, argv);
   if (rank::started_as_rank()) rank::run_rank();
-  if (rank::started_as("program")) rank::run_program(argv);
+  if (rank::started_as(contract::kProgramRole)) rank::run_program(argv);
   if (launcher::started_as_fork_server()) launcher::run_fork_server();
 }
 
 // A function's rank, or a worker's (a Python rank: launcher.h, WorkerCall).
-bool is_rank() { return rank::started_as_rank() || rank::started_as("worker"); }
+bool is_rank() { return rank::started_as_rank() || rank::started_as(contract::kWorkerRole); }
 
 // Outside a rank, the caller is rank 0 of a world of one on the CPU. Each reads its own
 // variable only: user code may call these every step.

@@ -16,6 +16,7 @@
 #include "backend/backend_table.h"
 #include "contract/front_end.h"
 #include "contract/option_table.h"
+#include "contract/rank_env.h"
 #include "launcher/rank_starter.h"
 #include "rank/program.h"
 #include "sgpu/errors.h"
@@ -59,7 +60,7 @@ void check_options(const Options& options) {
       }
     }
   }
-  if (rank::started_as_rank() || rank::started_as("worker")) {
+  if (rank::started_as_rank() || rank::started_as(contract::kWorkerRole)) {
     throw ConfigError("a distributed call was made inside a rank; nested calls are not supported");
   }
 }

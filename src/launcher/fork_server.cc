@@ -218,7 +218,7 @@ class ServerHandle {
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
       if (std::strncmp(*entry, "SGPU_ROLE=", 10) != 0) request.env.emplace_back(*entry);
     }
-    request.env.push_back(std::string(contract::kRoleVar) + "=" + kForkServerRole);
+    request.env.push_back(std::string(contract::kRoleVar) + "=" + contract::kForkServerRole);
     request.stdout_fd = STDOUT_FILENO;
     request.stderr_fd = STDERR_FILENO;
     request.inherit_fds = {theirs.get(), lifeline_read_fd()};
@@ -480,7 +480,7 @@ pid_t fork_server_pid(const std::vector<std::string>& command) {
   return ServerHandle::instance(command).pid();
 }
 
-bool started_as_fork_server() { return rank::started_as(kForkServerRole); }
+bool started_as_fork_server() { return rank::started_as(contract::kForkServerRole); }
 
 void run_fork_server() {
   ForkHooks hooks;

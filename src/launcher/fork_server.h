@@ -29,7 +29,6 @@
 
 namespace sgpu::launcher {
 
-inline constexpr const char* kForkServerRole = "fork-server";
 // In a rank's environment: modules (comma-separated) its fork server imports before it forks
 // the rank, if it has not yet (ForkHooks::prepare), so that every later call's ranks find
 // them loaded. A Python call names the heavy ones its function imports (mlflow).

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "contract/front_end.h"
+#include "contract/rank_env.h"
 #include "contract/stack_dump.h"
 #include "launcher/fork_server.h"
 #include "rank/program.h"
@@ -36,7 +37,7 @@ class FunctionRanks final : public RankProgram {
  public:
   explicit FunctionRanks(serialize::CallRecord record) : record_(std::move(record)) {}
 
-  const char* role() const override { return "rank"; }
+  const char* role() const override { return contract::kRankRole; }
 
   void check(bool computes_shapes) const override {
     if (rank::program_args().empty()) {
@@ -99,7 +100,7 @@ class ProgramRanks final : public RankProgram {
  public:
   explicit ProgramRanks(std::vector<std::string> command) : command_(std::move(command)) {}
 
-  const char* role() const override { return "program"; }
+  const char* role() const override { return contract::kProgramRole; }
   bool forks() const override { return false; }
   void stage(const contract::RunFolder&, std::size_t) override {}
 
@@ -167,7 +168,7 @@ class WorkerRanks final : public RankProgram {
         server_imports_(call.server_imports),
         payload_(std::move(payload)) {}
 
-  const char* role() const override { return "worker"; }
+  const char* role() const override { return contract::kWorkerRole; }
   std::size_t payload_bytes() const override { return payload_.size(); }
   bool forks() const override { return !fork_server_.empty(); }
 

@@ -38,7 +38,7 @@ class RankProgram {
 
   virtual ~RankProgram() = default;
 
-  // What a rank is told it is (contract/rank_env.h's role): "rank", "program" or "worker".
+  // What a rank is told it is: one of contract/rank_env.h's roles.
   virtual const char* role() const = 0;
   // ConfigErrors this kind of call has before anything starts (after the options' own);
   // `computes_shapes`: the backend's ranks compute shapes without data

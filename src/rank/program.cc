@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "contract/rank_env.h"
 #include "rank/symbols.h"
 #include "sgpu/internal/call.h"
 
@@ -75,7 +76,7 @@ bool started_as(std::string_view role) {
   return value != nullptr && role == value;
 }
 
-bool started_as_rank() { return started_as("rank"); }
+bool started_as_rank() { return started_as(contract::kRankRole); }
 
 serialize::CodeAddress locate_code(const void* address) {
   ModuleQuery query;

@@ -20,7 +20,7 @@ const std::vector<std::string>& program_args();
 // True when this process was started in `role` (SGPU_ROLE says so; NOTE [The rank
 // environment] in contract/rank_env.h).
 bool started_as(std::string_view role);
-// started_as("rank").
+// started_as(contract::kRankRole).
 bool started_as_rank();
 
 serialize::CodeAddress locate_code(const void* address);

@@ -1,6 +1,6 @@
 // The contracts modules share: the rank environment round-trips through the variables
-// the launcher sets, files are replaced whole, and the run folder's names are the ones
-// every module uses.
+// the launcher sets (and Python's copy of their names is theirs), files are replaced whole, and the
+// run folder's names are the ones every module uses.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <sys/stat.h>
@@ -90,6 +90,17 @@ TEST(RankEnvironment, UnsetVariablesKeepTheDefaults) {
   EXPECT_EQ(read.world_size, 1);
   EXPECT_EQ(read.group_timeout, std::chrono::minutes(30));
   EXPECT_TRUE(read.rank_dir.empty());
+}
+
+// Python that may not load the native module reads the rank's variables and roles by the
+// names this file gives, and they are the launcher's.
+TEST(RankEnvironment, PythonsNamesAreTheContracts) {
+  const std::string names = sgpu::contract::python_rank_names();
+  EXPECT_EQ(read(fs::path(SGPU_TEST_SOURCE_DIR) / "python" / "_sgpu_rank_env.py"), names)
+      << "python/_sgpu_rank_env.py is not what the contract says; put this text in it:\n"
+      << names;
+  EXPECT_NE(names.find("ROLE = \"SGPU_ROLE\"\n"), std::string::npos);
+  EXPECT_NE(names.find("WORKER_ROLE = \"worker\"\n"), std::string::npos);
 }
 
 TEST(AtomicFile, ReplacesTheContentWholeAndLeavesNothingBeside) {
