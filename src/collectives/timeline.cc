@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <exception>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -129,8 +130,12 @@ c10::intrusive_ptr<c10::ivalue::Future> completes_at(c10::intrusive_ptr<c10::iva
   done->addCallback([future, issued_on, end](c10::ivalue::Future& ran) {
     if (ran.hasError()) {
       future->setError(ran.exception_ptr());
-    } else {
+      return;
+    }
+    try {
       complete_at(*future, ran.value(), issued_on, end);
+    } catch (...) {  // a callback must not throw: the future holds it
+      future->setErrorIfNeeded(std::current_exception());
     }
   });
   return future;
