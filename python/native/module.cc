@@ -188,7 +188,8 @@ struct ResultBytes {
 
 // A rank's compute estimate (sgpu/compute.h): {"platform", "count", "flops", "bytes",
 // "predicted_seconds", "exposed_collective_seconds", "unvalidated_seconds", "ops": {op:
-// {"count", "flops", "bytes", "predicted_seconds"}}}.
+// {"count", "flops", "bytes", "predicted_seconds"}}, "steps": [{"end", "compute_end",
+// "tokens", "model_flops"}]}.
 py::dict compute_dict(const sgpu::ComputeStats& stats) {
   auto totals = [](const sgpu::ComputeTotals& t, py::dict d) {
     d["count"] = t.count;
@@ -204,6 +205,16 @@ py::dict compute_dict(const sgpu::ComputeStats& stats) {
   out["exposed_collective_seconds"] = stats.exposed_collective_seconds;
   out["unvalidated_seconds"] = stats.unvalidated_seconds;
   out["ops"] = ops;
+  py::list steps;
+  for (const sgpu::StepMark& step : stats.steps) {
+    py::dict mark;
+    mark["end"] = step.end;
+    mark["compute_end"] = step.compute_end;
+    mark["tokens"] = step.tokens;
+    mark["model_flops"] = step.model_flops;
+    steps.append(mark);
+  }
+  out["steps"] = steps;
   return out;
 }
 
@@ -719,6 +730,7 @@ void bind_rank_side(py::module_& m) {
         py::arg("bytes"), py::arg("kind") = "other", py::arg("batch") = 1.0, py::arg("m") = 0.0,
         py::arg("n") = 0.0, py::arg("k") = 0.0);
   m.def("compute_stats", [] { return compute_dict(sgpu::rank::rank_compute_stats()); });
+  m.def("mark_step", &sgpu::rank::mark_step, py::arg("tokens") = 0.0, py::arg("model_flops") = 0.0);
   m.def("reset_peak_memory_stats", [] { sgpu::reset_peak_memory_stats(); });
   m.def("enter_host_memory", [] { ++sgpu::contract::host_memory_depth(); });
   m.def("exit_host_memory", [] { --sgpu::contract::host_memory_depth(); });

@@ -44,6 +44,7 @@ from sgpu._runtime import (  # noqa: E402
     register_backend,
     reset_peak_memory_stats,
     set_tag,
+    step,
     world_size,
 )
 from sgpu._sim_cuda import simulate  # noqa: E402
@@ -109,5 +110,6 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_tag",
     "simulate",
+    "step",
     "world_size",
 ]

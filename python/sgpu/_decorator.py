@@ -327,7 +327,8 @@ class Handle:
     def compute_stats(self, timeout: Optional[float] = None) -> list:
         """Each rank's compute estimate in rank order, once the call is done, whether it
         succeeded or failed: {"platform", "count", "flops", "bytes", "predicted_seconds",
-        "exposed_collective_seconds", "unvalidated_seconds", "ops": {op: {...the same}}},
+        "exposed_collective_seconds", "unvalidated_seconds", "ops": {op: {...the same}},
+        "steps": [...the marks of sgpu.step()]},
         what the operators each rank ran on its GPU would take on the platform, how much
         later its collectives end the step than its compute alone, and how much of the
         time is in matmul and attention kernels of a dtype the platform's kernel model was

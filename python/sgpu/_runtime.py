@@ -107,7 +107,8 @@ def compute_stats() -> dict:
     """This rank's compute estimate so far, in shape-only compute (sim_compute="shapes";
     docs/simulation.md): {"platform", "count", "flops", "bytes", "predicted_seconds",
     "exposed_collective_seconds", "unvalidated_seconds", "ops": {op: {"count", "flops",
-    "bytes", "predicted_seconds"}}}, what the operators it ran on its GPU would take on the
+    "bytes", "predicted_seconds"}}, "steps": [{"end", "compute_end", "tokens",
+    "model_flops"}] (the marks of step())}, what the operators it ran on its GPU would take on the
     node, how much later its collectives end the step so far than its compute alone, and
     how much of it is in kernels the platform's model was not held to (a dtype no measured
     run had; docs/simulation.md#the-compute-estimate). Take it
@@ -118,6 +119,23 @@ def compute_stats() -> dict:
     from sgpu import _native
 
     return dict(_native.compute_stats())
+
+
+def step(tokens: float = 0, flops: float = 0) -> None:
+    """Marks the end of a training step, for the compute estimate (sim_compute="shapes"):
+    sgpu then predicts each step from the mark before it, the last one on its own line at
+    the call's end ("sgpu: steps (...): 3 marked; the last 2.912 s on h100-nvswitch (compute
+    2.601 s, exposed collectives 0.311 s), 5,630 tokens/s per GPU, MFU 36%; ...") and in the
+    run (sgpu.step.predicted_seconds, .exposed_collective_seconds, .tokens_per_second,
+    .mfu). `tokens`: what this rank's step processed (torchtitan's tokens per GPU: batch x
+    sequence, over the tensor-parallel degree); `flops`: the model's FLOPs in this rank's
+    step, for MFU (sgpu counts what ran, recomputation included, so it cannot know the
+    model's own). Marks land in compute_stats()["steps"]. Nothing outside a rank."""
+    if not _in_a_call():
+        return
+    from sgpu import _native
+
+    _native.mark_step(float(tokens), float(flops))
 
 
 def reset_peak_memory_stats() -> None:

@@ -141,6 +141,12 @@ c10::intrusive_ptr<c10::ivalue::Future> completes_at(c10::intrusive_ptr<c10::iva
   return future;
 }
 
+model::Moment timeline_ends() {
+  RankTimeline& t = rank_timeline();
+  std::lock_guard lock(t.mutex);
+  return {t.timeline.end(), t.timeline.compute_end()};
+}
+
 double timeline_exposed_seconds() {
   RankTimeline& t = rank_timeline();
   std::lock_guard lock(t.mutex);

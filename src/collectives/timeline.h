@@ -37,5 +37,7 @@ c10::intrusive_ptr<c10::ivalue::Future> completes_at(c10::intrusive_ptr<c10::iva
                                                      const model::Moment& end);
 // The step's end with its collectives and without them, so far.
 double timeline_exposed_seconds();
+// Where the step timeline has got to: its end (real) and its compute's own end (alone).
+model::Moment timeline_ends();
 
 }  // namespace sgpu::collectives

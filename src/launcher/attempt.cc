@@ -313,6 +313,7 @@ std::vector<std::string> Attempt::summary_lines(bool held, const RankFigures& fi
   for (std::string line :
        {folded_summary(held, figures.memory), rank::comm_summary(figures.comm, whose),
         rank::compute_summary(figures.compute, figures.comm, whose),
+        rank::step_summary(figures.compute, whose),
         shapes ? rank::memory_summary(figures.memory, launched_ranks()) : ""}) {
     if (!line.empty()) lines.push_back(std::move(line));
   }

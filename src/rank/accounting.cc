@@ -1,6 +1,7 @@
 #include "rank/accounting.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -27,6 +28,14 @@ std::string describe_bytes(std::int64_t bytes) {
     std::snprintf(text, sizeof text, "%.2f GiB", value / (1 << 30));
   }
   return text;
+}
+
+// 5630.4 as "5,630".
+std::string with_thousands(double value) {
+  std::string digits = std::to_string(std::llround(value));
+  const std::size_t first = digits[0] == '-' ? 1 : 0;
+  for (std::size_t at = digits.size(); at > first + 3; at -= 3) digits.insert(at - 3, ",");
+  return digits;
 }
 
 double predicted_comm_seconds(const CommStats& comm) {
@@ -109,6 +118,60 @@ void count_compute(const std::string& op, const std::string& dtype, double flops
   t.flops += flops;
   t.bytes += bytes;
   t.predicted_seconds += seconds;
+}
+
+void mark_step(double tokens, double model_flops) {
+  const model::Moment ends = collectives::timeline_ends();
+  ComputeAccount& account = compute_account();
+  std::lock_guard lock(account.mutex);
+  account.stats.steps.push_back({ends.real, ends.alone, tokens, model_flops});
+}
+
+std::optional<StepFigures> last_step(const ComputeStats& compute) {
+  if (compute.steps.empty()) return std::nullopt;
+  const StepMark& last = compute.steps.back();
+  const StepMark before =
+      compute.steps.size() > 1 ? compute.steps[compute.steps.size() - 2] : StepMark{};
+  StepFigures step;
+  step.seconds = last.end - before.end;
+  step.compute_seconds = last.compute_end - before.compute_end;
+  step.exposed_collective_seconds = step.seconds - step.compute_seconds;
+  step.tokens = last.tokens;
+  step.model_flops = last.model_flops;
+  return step;
+}
+
+std::string step_summary(const std::vector<ComputeStats>& compute, const std::string& whose) {
+  const ComputeStats* slowest = nullptr;
+  std::optional<StepFigures> step;
+  for (const ComputeStats& rank : compute) {
+    const std::optional<StepFigures> last = last_step(rank);
+    if (rank.platform.empty() || !last) continue;
+    if (!step || last->seconds > step->seconds) {
+      slowest = &rank;
+      step = last;
+    }
+  }
+  if (!step) return "";
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "sgpu: steps (the slowest of %s): %zu marked; the last %.4g s on %s (compute "
+                "%.4g s, exposed collectives %.4g s)",
+                whose.c_str(), slowest->steps.size(), step->seconds, slowest->platform.c_str(),
+                step->compute_seconds, step->exposed_collective_seconds);
+  std::string line = text;
+  if (step->tokens > 0 && step->seconds > 0) {
+    line += ", " + with_thousands(step->tokens / step->seconds) + " tokens/s per GPU";
+  }
+  const std::optional<model::Roofline> roofline = roofline_of(slowest->platform);
+  if (const double mfu = peak_fraction(roofline, step->model_flops, step->seconds); mfu > 0) {
+    std::snprintf(text, sizeof text, ", MFU %.0f%%", mfu * 100);
+    line += text;
+  }
+  const ComputeTotals t = slowest->total();
+  const double unvalidated =
+      t.predicted_seconds > 0 ? slowest->unvalidated_seconds / t.predicted_seconds : 0;
+  return line + assurance(slowest->platform, roofline, unvalidated) + "\n";
 }
 
 ComputeStats rank_compute_stats() {
@@ -222,9 +285,18 @@ std::map<std::string, double> compute_metrics(const ComputeStats& compute) {
     metrics["sgpu.compute.predicted_seconds"] = t.predicted_seconds;
     metrics["sgpu.compute.exposed_collective_seconds"] = compute.exposed_collective_seconds;
     metrics["sgpu.predicted_seconds"] = t.predicted_seconds + compute.exposed_collective_seconds;
-    const double fraction =
-        peak_fraction(roofline_of(compute.platform), t.flops, metrics["sgpu.predicted_seconds"]);
+    const std::optional<model::Roofline> roofline = roofline_of(compute.platform);
+    const double fraction = peak_fraction(roofline, t.flops, metrics["sgpu.predicted_seconds"]);
     if (fraction > 0) metrics["sgpu.compute.bfloat16_peak_fraction"] = fraction;
+    if (const std::optional<StepFigures> step = last_step(compute)) {
+      metrics["sgpu.step.count"] = static_cast<double>(compute.steps.size());
+      metrics["sgpu.step.predicted_seconds"] = step->seconds;
+      metrics["sgpu.step.exposed_collective_seconds"] = step->exposed_collective_seconds;
+      if (step->tokens > 0 && step->seconds > 0)
+        metrics["sgpu.step.tokens_per_second"] = step->tokens / step->seconds;
+      if (const double mfu = peak_fraction(roofline, step->model_flops, step->seconds); mfu > 0)
+        metrics["sgpu.step.mfu"] = mfu;
+    }
   }
   return metrics;
 }

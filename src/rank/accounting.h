@@ -45,6 +45,32 @@ void count_compute(const std::string& op, const std::string& dtype, double flops
 // What count_compute added up so far in this rank; empty when nothing was counted.
 ComputeStats rank_compute_stats();
 
+// In a rank: the end of a training step the program marks (sgpu.step()), where the rank's
+// step timeline has got to, with the tokens and the model's FLOPs of the rank's step as the
+// program says them (0: not said). Thread-safe.
+void mark_step(double tokens, double model_flops);
+
+// A marked step's predicted figures, from the mark before it (the rank's start for the
+// first): how long it takes, its compute's own critical path, and how much its collectives
+// add to that.
+struct StepFigures {
+  double seconds = 0;
+  double compute_seconds = 0;
+  double exposed_collective_seconds = 0;
+  double tokens = 0;
+  double model_flops = 0;
+};
+// The last marked step's figures; std::nullopt when the program marked none.
+std::optional<StepFigures> last_step(const ComputeStats& compute);
+
+// "sgpu: steps (the slowest of any rank): 3 marked; the last 2.912 s on h100-nvswitch
+// (compute 2.601 s, exposed collectives 0.311 s), 5,630 tokens/s per GPU, MFU 36%; typical
+// error ...\n": the rank whose last marked step is the slowest, its tokens per second and
+// MFU where the program said its tokens and FLOPs; "" where no rank marked a step on a
+// platform.
+std::string step_summary(const std::vector<ComputeStats>& compute,
+                         const std::string& whose = "any rank");
+
 // "sgpu: compute (the most of any rank): 4210 operators, 96.31 TFLOP, 412.55 GiB of memory
 // traffic, 0.210 s on h100-nvswitch; with the collectives' 0.233 s (0.031 s of them exposed),
 // 0.241 s\n": the step, each rank's compute and the part of its collectives compute does
@@ -56,7 +82,9 @@ std::string compute_summary(const std::vector<ComputeStats>& compute,
 
 // sgpu.compute.count, .flops, .bytes, .predicted_seconds, .exposed_collective_seconds, and
 // sgpu.predicted_seconds: the compute's and the exposed collectives' predicted times added
-// up; empty when nothing was timed.
+// up; with marked steps, sgpu.step.count and the last step's sgpu.step.predicted_seconds,
+// .exposed_collective_seconds, .tokens_per_second and .mfu (those the program said the
+// figures for); empty when nothing was timed.
 std::map<std::string, double> compute_metrics(const ComputeStats& compute);
 
 // Where rank `second_rank` did not call the collectives rank `first_rank` called, from what

@@ -43,10 +43,18 @@ void write_compute_record(const std::filesystem::path& path, const ComputeStats&
                {"bytes", t.bytes},
                {"predicted_seconds", t.predicted_seconds}};
   }
+  nlohmann::json steps = nlohmann::json::array();
+  for (const StepMark& step : stats.steps) {
+    steps.push_back({{"end", step.end},
+                     {"compute_end", step.compute_end},
+                     {"tokens", step.tokens},
+                     {"model_flops", step.model_flops}});
+  }
   const nlohmann::json record = {{"platform", stats.platform},
                                  {"ops", ops},
                                  {"exposed_collective_seconds", stats.exposed_collective_seconds},
-                                 {"unvalidated_seconds", stats.unvalidated_seconds}};
+                                 {"unvalidated_seconds", stats.unvalidated_seconds},
+                                 {"steps", steps}};
   contract::write_file_atomically(path, record.dump(1) + "\n");
 }
 
@@ -61,6 +69,11 @@ std::optional<ComputeStats> read_compute_record(const std::filesystem::path& pat
     for (const auto& [op, t] : json["ops"].items()) {
       stats.ops[op] = {t.at("count").get<std::int64_t>(), t.at("flops").get<double>(),
                        t.at("bytes").get<double>(), t.at("predicted_seconds").get<double>()};
+    }
+    for (const nlohmann::json& step : json.value("steps", nlohmann::json::array())) {
+      stats.steps.push_back({step.at("end").get<double>(), step.at("compute_end").get<double>(),
+                             step.at("tokens").get<double>(),
+                             step.at("model_flops").get<double>()});
     }
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

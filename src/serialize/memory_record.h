@@ -3,7 +3,8 @@
 //   1048576, ...};
 // - rank-<N>/compute.json: its sgpu::ComputeStats (a shape-only rank's compute estimate),
 //   {"platform": "h100-nvswitch", "ops": {"aten.mm": {"count": 12, "flops": 1.2e12,
-//   "bytes": 3.4e9, "predicted_seconds": 0.0012}, ...}, "exposed_collective_seconds": 0.03}.
+//   "bytes": 3.4e9, "predicted_seconds": 0.0012}, ...}, "exposed_collective_seconds": 0.03,
+//   "steps": [{"end": 2.9, "compute_end": 2.6, "tokens": 16384, "model_flops": 7.9e14}]}.
 #pragma once
 
 #include <filesystem>

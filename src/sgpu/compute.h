@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace sgpu {
 
@@ -21,6 +22,18 @@ struct ComputeTotals {
   double predicted_seconds = 0;
 
   bool operator==(const ComputeTotals&) const = default;
+};
+
+// The end of a training step, as the program marked it (sgpu.step() in Python): how far the
+// rank's step timeline had got (NOTE [The step's timeline] in model/kernels.h), with its
+// collectives and without them, and what the program said the step held.
+struct StepMark {
+  double end = 0;          // the step timeline's end
+  double compute_end = 0;  // the same with every collective taking no time
+  double tokens = 0;       // the tokens this rank's step processed; 0 where not said
+  double model_flops = 0;  // the model's FLOPs in this rank's step (for MFU); 0 where not said
+
+  bool operator==(const StepMark&) const = default;
 };
 
 // One rank's operators in one call.
@@ -38,6 +51,8 @@ struct ComputeStats {
   // platform's kernel model was not held to measured runs of (model/kernels.h): where it
   // is large, the estimate has no error bound.
   double unvalidated_seconds = 0;
+  // The ends of the steps the program marked, in order.
+  std::vector<StepMark> steps;
 
   ComputeTotals total() const {
     ComputeTotals sum;

@@ -465,6 +465,43 @@ def test_ddps_bucket_is_waited_for_through_its_future_before_what_follows_backwa
     assert got["exposed_collective_seconds"] == pytest.approx(bucket, rel=1e-3)
 
 
+def marked_steps() -> dict:
+    """Three steps of one 16384x8192 by 8192x8192 bfloat16 matmul, each marked with its
+    tokens and the model's FLOPs: each step's predicted seconds and the marks."""
+    torch.cuda.set_device(sgpu.get_local_rank())
+    a = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    seconds = []
+    for _ in range(3):
+        before = sgpu.compute_stats()["predicted_seconds"]
+        a @ b
+        sgpu.step(tokens=16384, flops=2 * 16384 * 8192 * 8192)
+        seconds.append(sgpu.compute_stats()["predicted_seconds"] - before)
+    return {"seconds": seconds, "steps": sgpu.compute_stats()["steps"]}
+
+
+def test_a_marked_step_is_predicted_from_the_mark_before_it_with_its_tokens_per_second(capfd):
+    """sgpu.step() marks the end of a step: each is predicted from the mark before it, and
+    the call's line says the last, with the tokens per second and the MFU it was told of."""
+    call = distributed(gpus=1, tracking=False, sim_compute="shapes", sim_node="1xH100")(
+        marked_steps).launch()
+    got = call.result()[0]
+    steps = got["steps"]
+    assert len(steps) == 3 and steps == call.compute_stats()[0]["steps"]
+    ends = [step["end"] for step in steps]
+    assert ends[0] > got["seconds"][0]  # from the rank's start: the inputs' kernels too
+    for seconds, start, end in zip(got["seconds"][1:], ends, ends[1:]):
+        assert end - start == pytest.approx(seconds, rel=1e-9)
+    assert steps[-1]["tokens"] == 16384 and steps[-1]["compute_end"] == steps[-1]["end"]
+    last = got["seconds"][-1]
+    err = capfd.readouterr().err
+    assert (f"sgpu: steps (the slowest of any rank): 3 marked; the last {last:.4g} s on "
+            f"h100-nvswitch (compute {last:.4g} s, exposed collectives 0 s), "
+            f"{round(16384 / last):,} tokens/s per GPU, MFU "
+            f"{round(2 * 16384 * 8192 * 8192 / last / 989.4e12 * 100)}%; typical error") in err
+    sgpu.step(tokens=1)  # outside a rank: nothing to mark, nothing raised
+
+
 def attention_block() -> float:
     """A bfloat16 attention layer's forward and backward, its parameters' gradients summed."""
     torch.cuda.set_device(sgpu.get_local_rank())

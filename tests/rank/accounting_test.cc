@@ -67,12 +67,14 @@ TEST(ComputeRecord, ReadsBackWhatWasWrittenAndRefusesWhatIsNot) {
   const auto file = dir / "compute.json";
   ComputeStats written = two_ops(1);
   written.exposed_collective_seconds = 0.025;
+  written.steps = {{1.5, 1.25, 16384, 4e14}, {3.0, 2.5, 0, 0}};
   serialize::write_compute_record(file, written);
   const auto back = serialize::read_compute_record(file);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->platform, "h100-nvswitch");
   EXPECT_EQ(back->ops, two_ops(1).ops);
   EXPECT_EQ(back->exposed_collective_seconds, 0.025);
+  EXPECT_EQ(back->steps, written.steps);
   std::ofstream(file) << R"({"platform": "x", "ops": {"aten.mm": {"count": "three"}}})";
   EXPECT_FALSE(serialize::read_compute_record(file).has_value());
   EXPECT_FALSE(serialize::read_compute_record(dir / "missing.json").has_value());
@@ -140,6 +142,53 @@ TEST(ComputeMetrics, AreTheRanksTotalsAndItsPredictedStep) {
       metrics.at("sgpu.compute.bfloat16_peak_fraction"),
       6e12 / 0.057 / (model::load_platform("h100-nvswitch").compute.peak_for("bfloat16") * 1e12));
   EXPECT_TRUE(compute_metrics(ComputeStats{}).empty());
+}
+
+// A step is predicted from the mark before it: the first from the rank's start, the last on
+// the call's line, from the rank whose last step is the slowest.
+TEST(StepSummary, SaysTheSlowestRanksLastStepItsTokensPerSecondAndMfu) {
+  ComputeStats rank0 = two_ops(1), rank1 = two_ops(1);
+  // Rank 0: steps of 1.5 s (then 1.25 s with 0.25 s exposed); rank 1's last takes 2.5 s.
+  rank0.steps = {{1.5, 1.5, 16384, 4e14}, {3.0, 2.75, 16384, 4e14}};
+  rank1.steps = {{1.0, 1.0, 16384, 4e14}, {3.5, 3.0, 16384, 4e14}};
+  const std::optional<StepFigures> last = last_step(rank0);
+  ASSERT_TRUE(last);
+  EXPECT_DOUBLE_EQ(last->seconds, 1.5);
+  EXPECT_DOUBLE_EQ(last->compute_seconds, 1.25);
+  EXPECT_DOUBLE_EQ(last->exposed_collective_seconds, 0.25);
+  ComputeStats first_only = two_ops(1);
+  first_only.steps = {{2.0, 1.5, 0, 0}};
+  EXPECT_DOUBLE_EQ(last_step(first_only)->seconds, 2.0);  // from the rank's start
+  EXPECT_FALSE(last_step(two_ops(1)));
+
+  const std::string line = step_summary({rank0, rank1});
+  const double peak = model::load_platform("h100-nvswitch").compute.peak_for("bfloat16") * 1e12;
+  const std::string mfu = std::to_string(static_cast<int>(std::lround(4e14 / 2.5 / peak * 100)));
+  EXPECT_EQ(line.substr(0, line.find("; typical error")),
+            "sgpu: steps (the slowest of any rank): 2 marked; the last 2.5 s on h100-nvswitch "
+            "(compute 2 s, exposed collectives 0.5 s), 6,554 tokens/s per GPU, MFU " +
+                mfu + "%")
+      << line;
+  EXPECT_EQ(line.back(), '\n');
+  rank1.steps.back().tokens = 0;  // not said: no tokens/s, nor for a rank of no platform
+  rank1.steps.back().model_flops = 0;
+  EXPECT_EQ(step_summary({rank1}).find("tokens/s"), std::string::npos);
+  EXPECT_EQ(step_summary({rank1}).find("MFU"), std::string::npos);
+  rank1.platform.clear();
+  EXPECT_EQ(step_summary({rank1}), "");
+  EXPECT_EQ(step_summary({two_ops(1)}), "");
+}
+
+TEST(StepMetrics, AreTheLastStepsFigures) {
+  ComputeStats rank = two_ops(1);
+  rank.steps = {{1.5, 1.5, 16384, 0}, {3.0, 2.75, 16384, 0}};
+  const auto metrics = compute_metrics(rank);
+  EXPECT_EQ(metrics.at("sgpu.step.count"), 2);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.step.predicted_seconds"), 1.5);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.step.exposed_collective_seconds"), 0.25);
+  EXPECT_DOUBLE_EQ(metrics.at("sgpu.step.tokens_per_second"), 16384 / 1.5);
+  EXPECT_EQ(metrics.count("sgpu.step.mfu"), 0U);  // no FLOPs said
+  EXPECT_EQ(compute_metrics(two_ops(1)).count("sgpu.step.count"), 0U);
 }
 
 // NOTE [A folded world]: what a folded world's second of a place did, held against the
