@@ -62,15 +62,23 @@ def step_seconds(step, breakdown: bool = False) -> tuple[float, str]:
     return step_end(after) - step_end(before), f"predicted on {after['platform']}"
 
 
-def mfu(model, config, seq: int, tokens_per_s: float, peak_tflops: float) -> float:
-    """Model FLOPs utilisation as torchtitan counts it: 6 FLOPs per parameter (the
-    embeddings' aside) and 12 * layers * dim * sequence for attention, per token, over the
-    peak. Recomputation is not counted: it is the model's work, not the GPU's."""
+def flops_per_token(model, config, seq: int) -> float:
+    """The model's FLOPs per token as torchtitan counts them for MFU: 6 per parameter (the
+    embeddings' aside) and 12 * layers * dim * sequence for attention. Recomputation is not
+    counted: it is the model's work, not the GPU's."""
     embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
                      for p in m.parameters(recurse=False))
     parameters = sum(p.numel() for p in model.parameters()) - embeddings
-    per_token = 6 * parameters + 12 * config.n_layers * config.dim * min(seq, config.max_seq_len)
-    return tokens_per_s * per_token / (peak_tflops * 1e12)
+    return 6 * parameters + 12 * config.n_layers * config.dim * min(seq, config.max_seq_len)
+
+
+def mark_step(tokens: float, flops: float) -> None:
+    """The step's end, for sgpu's own line on each step (sgpu.step()); nothing without sgpu."""
+    try:
+        import sgpu
+    except ImportError:
+        return
+    sgpu.step(tokens=tokens, flops=flops)
 
 
 def main() -> None:
@@ -119,20 +127,22 @@ def main() -> None:
     model = family.build(config, mesh, "full" if args.checkpointing else args.ac,
                          args.precision == "bf16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # torchtitan's tokens per GPU: a tensor-parallel group's GPUs share its batch.
+    tokens = args.accum * args.batch * min(args.seq, config.max_seq_len) / args.tp
+    per_token = flops_per_token(model, config, args.seq)
     for _ in range(args.steps):
         seconds, how = step_seconds(lambda: llama.train_step(model, optimizer, args.batch,
                                                              args.seq, args.accum,
                                                              args.loss),
                                     args.breakdown)
+        mark_step(tokens, tokens * per_token)
     if dist.get_rank() == 0:
-        # torchtitan's tokens per GPU: a tensor-parallel group's GPUs share its batch.
-        tokens = args.accum * args.batch * min(args.seq, config.max_seq_len) / args.tp
         layout = f" (FSDP {world // args.tp} x TP {args.tp})" if args.tp > 1 else ""
         print(f"{args.size} step on {world} GPUs{layout}: peak allocated "
               f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, peak reserved "
               f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB on GPU 0; step {args.steps} "
               f"{seconds:.4g} s ({how}), {tokens / seconds:,.0f} tokens/s per GPU; MFU "
-              f"{mfu(model, config, args.seq, tokens / seconds, args.peak_tflops):.0%}")
+              f"{tokens / seconds * per_token / (args.peak_tflops * 1e12):.0%}")
     dist.destroy_process_group()
 
 

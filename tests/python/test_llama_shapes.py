@@ -39,10 +39,10 @@ def test_mfu_counts_as_torchtitan_does_on_its_published_8b_run():
     config = llama.CONFIGS["8B"]
     with torch.device("meta"):
         model = llama.Transformer(config)
-    got = llama_step.mfu(model, config, 8192, 5762, 989.4)
-    assert got == pytest.approx(0.3373, abs=5e-4)
+    per_token = llama_step.flops_per_token(model, config, 8192)
+    assert 5762 * per_token / 989.4e12 == pytest.approx(0.3373, abs=5e-4)
     # A sequence longer than the model's window counts the window's attention only.
-    assert llama_step.mfu(model, config, 16384, 5762, 989.4) == got
+    assert llama_step.flops_per_token(model, config, 16384) == per_token
 
 
 def batches(steps: int, config):
