@@ -311,7 +311,6 @@ std::shared_ptr<PyCall> start(const py::dict& options, std::vector<std::string> 
                               std::optional<py::function> console, std::string parent_run_id,
                               std::vector<std::string> fork_server, std::string source_name,
                               std::vector<std::string> server_imports) {
-  contract::set_front_end(contract::FrontEnd::kPython);
   launcher::WorkerCall call;
   call.command = std::move(command);
   call.payload = payload;
@@ -692,10 +691,8 @@ void bind_caller_side(py::module_& m) {
     return contract::with_environment(options_from(given)).backend;
   });
   m.attr("DEFAULT_MAX_PAYLOAD_BYTES") = Options{}.max_payload_bytes;
-  m.def("check_options", [](const py::dict& given) {
-    contract::set_front_end(contract::FrontEnd::kPython);  // advice spells the keywords
-    launcher::check_option_values(options_from(given));
-  });
+  m.def("check_options",
+        [](const py::dict& given) { launcher::check_option_values(options_from(given)); });
   m.def("serve_forks", &serve_forks);
   m.def("fork_server_pid", [](const std::vector<std::string>& command) {
     return static_cast<long>(sgpu::launcher::fork_server_pid(command));
@@ -707,11 +704,7 @@ void bind_caller_side(py::module_& m) {
 // A rank's side: entering and ending the rank, its call, result and error, its device and
 // memory, its process group.
 void bind_rank_side(py::module_& m) {
-  m.def("enter_rank", [] {
-    // Advice in a Python rank's errors spells settings as the caller wrote them.
-    sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
-    sgpu::rank::enter_worker_rank();
-  });
+  m.def("enter_rank", [] { sgpu::rank::enter_worker_rank(); });
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("arm_program_stacks", &sgpu::rank::arm_program_stacks);
   m.def("node_world_rank_dir", [] { return sgpu::rank::node_world_rank_dir().string(); });
@@ -769,6 +762,9 @@ PYBIND11_MODULE(_native, m) {
   using namespace sgpu::python;
   m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
   py::register_exception_translator(translate);
+  // Advice in every error of this process (a caller's checks, a Python rank's) spells
+  // settings as Python writes them: the decorator's keywords (NOTE [Front ends]).
+  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
   // torch's own store clients in this process too (env:// in a rank, a user's TCPStore).
   sgpu::rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
   m.def("name_mapped_peers_as_ipv4", &sgpu::rendezvous::name_mapped_peers_as_ipv4);
