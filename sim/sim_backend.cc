@@ -117,4 +117,8 @@ const backend::ServedCuda* SimBackend::served_cuda() const {
 
 std::unique_ptr<backend::Backend> make_sim_backend() { return std::make_unique<SimBackend>(); }
 
+std::string SimBackend::device(int device_index) const {
+  return cuda::served() ? "cuda:" + std::to_string(device_index) : "cpu";
+}
+
 }  // namespace sgpu::sim

@@ -17,7 +17,9 @@ class SimBackend final : public backend::Backend {
  public:
   std::string_view name() const override { return "sim"; }
   backend::Inventory inventory(const Options& options) const override;
-  std::string device(int device_index) const override { return "cpu"; }
+  // "cuda:N" where this process serves the node's GPUs as torch's cuda devices (a Python
+  // rank, NOTE [CUDA on sim]); "cpu" elsewhere (a C++ rank computes on the CPU).
+  std::string device(int device_index) const override;
   // Applies this rank's start faults and arms its timed ones, then makes the rank's CPU
   // allocator the simulated device's (sim/memory/device_allocator.h) unless
   // SGPU_SIM_MEMORY=off.

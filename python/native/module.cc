@@ -491,6 +491,12 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
 
 const backend::Backend& rank_backend() { return backend::find_backend(process_backend()); }
 
+// The torch device of this process's rank, as its backend says it (Backend::device):
+// "cuda:N" on real GPUs and where sim serves them, "cpu" elsewhere.
+std::string rank_device() {
+  return rank_backend().device(contract::read_rank_environment().device_index);
+}
+
 // Serves the node's GPUs as torch's cuda devices where the backend does (sim); False where it
 // does not (cuda, or SGPU_SIM_CUDA=off). A function's rank starts on the GPU its launcher
 // bound it to, as the cuda backend binds it; every other process on the node (a program
@@ -705,6 +711,7 @@ void bind_caller_side(py::module_& m) {
 // memory, its process group.
 void bind_rank_side(py::module_& m) {
   m.def("enter_rank", [] { sgpu::rank::enter_worker_rank(); });
+  m.def("rank_device", &rank_device);
   m.def("python_stack_signal", &sgpu::contract::python_stack_signal);
   m.def("arm_program_stacks", &sgpu::rank::arm_program_stacks);
   m.def("node_world_rank_dir", [] { return sgpu::rank::node_world_rank_dir().string(); });

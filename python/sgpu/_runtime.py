@@ -84,12 +84,12 @@ def device():
     cpu otherwise, and outside a rank."""
     import torch
 
-    from sgpu import _sim_cuda
+    if not _in_a_call():
+        return torch.device("cpu")
+    from sgpu import _native, _sim_cuda
 
-    backend = os.environ.get(_rank_env.RANK_BACKEND)
-    if _in_a_call() and (backend == "cuda" or (backend == "sim" and _sim_cuda.install())):
-        return torch.device("cuda", _env_int(_rank_env.DEVICE_INDEX, 0))
-    return torch.device("cpu")
+    _sim_cuda.install()  # where the rank's backend serves cuda (sim), it does from here
+    return torch.device(_native.rank_device())  # the backend's answer
 
 
 def memory_stats() -> dict:
