@@ -108,8 +108,9 @@ CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes
   plan.backend = std::string(chosen.name());
   plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend);
   plan.sim_node = inventory.sim_spec;
-  plan.backend_env = chosen.rank_environment(world_options(options, folded_nodes));
-  program.check(chosen.computes_shapes(world_options(options, folded_nodes)));
+  const Options world = world_options(options, folded_nodes);
+  plan.backend_env = chosen.rank_environment(world);
+  program.check(chosen.computes_shapes(world));
   if (const std::size_t size = program.payload_bytes(); size > options.max_payload_bytes) {
     throw ConfigError("the arguments take " + std::to_string(size) +
                       " bytes serialized, over max_payload_bytes (" +
