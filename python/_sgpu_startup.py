@@ -81,7 +81,6 @@ if _wanted():
 # hook that every interpreter runs at its start must not stop them all.
 
 
-
 def _serverless_gpu_setting() -> str:
     """SGPU_SERVERLESS_GPU's text, "on" when unset or empty (as the option table reads it)."""
     return os.environ.get("SGPU_SERVERLESS_GPU") or "on"
