@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "contract/abrupt_end.h"
 #include "contract/collective_ring.h"
@@ -27,6 +28,10 @@ namespace {
 
 // How long output may still arrive after every rank has exited and its group was killed.
 constexpr auto kDrainLimit = std::chrono::seconds(1);
+
+// How long a rank's failure waits for peers that are running but have not entered the
+// collective the verdict is about (Attempt::settled_views).
+constexpr auto kLatePeerGrace = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -170,12 +175,35 @@ bool Attempt::hung() {
 // failure when peers were left in a collective it names a culprit for.
 void Attempt::diagnose(Outcome why) {
   if (call_.options.recorder_entries == 0) return;
-  const Diagnosis d = diagnose_into(rank_views(), contract::RunFolder{call_.run_dir});
+  const Diagnosis d = diagnose_into(settled_views(why), contract::RunFolder{call_.run_dir});
   collectives_.verdict = d.verdict;
   collectives_.culprits = d.culprits;
   collectives_.table = d.table;
   if (!d.verdict.empty() && (why != Outcome::kRankFailed || !d.culprits.empty())) {
     take_rank_stacks();
+  }
+}
+
+// The rings to judge. A rank can fail in a collective before a slower peer has entered it
+// (Gloo fails a rank handed another size at once): where the rings name a peer that is still
+// running as never having entered, a rank's failure waits up to kLatePeerGrace for it, so
+// that the verdict weighs what the peer calls rather than its lateness. A hang or a timeout
+// has already waited.
+std::vector<RankView> Attempt::settled_views(Outcome why) const {
+  const auto until = Clock::now() + kLatePeerGrace;
+  for (;;) {
+    std::vector<RankView> views = rank_views();
+    if (why != Outcome::kRankFailed || Clock::now() >= until) return views;
+    const Diagnosis d = launcher::diagnose(views, wall_now_ns());
+    const bool late_peer =
+        d.kind == Diagnosis::Kind::kMissing &&
+        std::any_of(d.culprits.begin(), d.culprits.end(), [&](int rank) {
+          return std::any_of(slots_.begin(), slots_.end(), [&](const RankSlot& slot) {
+            return slot.rank == rank && slot.pid > 0 && !slot.exit;
+          });
+        });
+    if (!late_peer) return views;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

@@ -114,7 +114,6 @@ struct Attendance {
   std::vector<int> missing;  // never entered it
   std::vector<int> in_it;    // in flight in it
   std::int64_t waited_since = 0;
-  const CollectiveEntry* sample = nullptr;  // a member's entry for it
 };
 
 Attendance attendance(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
@@ -127,7 +126,6 @@ Attendance attendance(const Group& group, std::uint64_t seq, std::int64_t now_ns
       continue;
     }
     if (const CollectiveEntry* e = at_seq(m, seq)) {
-      if (a.sample == nullptr) a.sample = e;
       if (e->state == EntryState::kInFlight) {
         a.in_it.push_back(m.rank);
         a.waited_since = std::min(a.waited_since, e->entered_ns);
@@ -162,9 +160,10 @@ std::string last_collectives(const Group& group, const std::vector<int>& missing
 
 // The members that entered collective #seq, grouped by what they called it with, the
 // largest group first; one group when they agree.
-std::vector<std::pair<const CollectiveEntry*, std::vector<int>>> callers(const Group& group,
-                                                                         std::uint64_t seq) {
-  std::vector<std::pair<const CollectiveEntry*, std::vector<int>>> kinds;
+using Callers = std::vector<std::pair<const CollectiveEntry*, std::vector<int>>>;
+
+Callers callers(const Group& group, std::uint64_t seq) {
+  Callers kinds;
   for (const Member& m : group.members) {
     const CollectiveEntry* e = at_seq(m, seq);
     if (e == nullptr) continue;  // overwritten in its ring: nothing to compare
@@ -181,6 +180,22 @@ std::vector<std::pair<const CollectiveEntry*, std::vector<int>>> callers(const G
   return kinds;
 }
 
+// "rank 3 called all_gather of 1025 float32, the others (ranks 0, 1, 2) all_gather of 1024
+// float32." for members that disagree; the culprits are all but the largest group's.
+std::string disagreement(const Callers& kinds, std::vector<int>& culprits) {
+  std::string text;
+  const bool tie = kinds[0].second.size() == kinds[1].second.size();
+  for (std::size_t i = 1; i < kinds.size(); ++i) {
+    culprits.insert(culprits.end(), kinds[i].second.begin(), kinds[i].second.end());
+    text += list_ranks(kinds[i].second) + " called " + describe_call(*kinds[i].first) + ", ";
+  }
+  std::sort(culprits.begin(), culprits.end());
+  return text +
+         (tie || kinds[0].second.size() < 3 ? list_ranks(kinds[0].second)
+                                            : "the others (" + list_ranks(kinds[0].second) + ")") +
+         " " + describe_call(*kinds[0].first) + ".";
+}
+
 // The verdict for one group waiting on collective #seq.
 Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
   Diagnosis d;
@@ -188,7 +203,9 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
   d.seq = seq;
   const std::string number = "#" + std::to_string(seq);
   const Attendance a = attendance(group, seq, now_ns);
-  const std::string what = a.sample != nullptr ? describe_call(*a.sample) : "collective";
+  const Callers kinds = callers(group, seq);
+  // What most of the members that entered it called it with.
+  const std::string what = !kinds.empty() ? describe_call(*kinds[0].first) : "collective";
   const std::string waited = describe_duration(now_ns - a.waited_since);
   if (!a.missing.empty()) {
     d.kind = Diagnosis::Kind::kMissing;
@@ -200,22 +217,17 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
                    " waited in it for " + waited;
     }
     d.verdict += "." + last_collectives(group, a.missing, now_ns);
+    if (kinds.size() > 1) {
+      std::vector<int> odd;  // the missing ones stay the culprits
+      d.verdict += " The ranks in it disagree: " + disagreement(kinds, odd);
+    }
     return d;
   }
   // Every member entered it: do they agree on what it is?
-  if (const auto kinds = callers(group, seq); kinds.size() > 1) {
+  if (kinds.size() > 1) {
     d.kind = Diagnosis::Kind::kMismatch;
-    d.verdict = "the ranks disagree on collective " + number + where(group) + ": ";
-    const bool tie = kinds[0].second.size() == kinds[1].second.size();
-    for (std::size_t i = 1; i < kinds.size(); ++i) {
-      d.culprits.insert(d.culprits.end(), kinds[i].second.begin(), kinds[i].second.end());
-      d.verdict += list_ranks(kinds[i].second) + " called " + describe_call(*kinds[i].first) + ", ";
-    }
-    std::sort(d.culprits.begin(), d.culprits.end());
-    d.verdict +=
-        (tie || kinds[0].second.size() < 3 ? list_ranks(kinds[0].second)
-                                           : "the others (" + list_ranks(kinds[0].second) + ")") +
-        " " + describe_call(*kinds[0].first) + ".";
+    d.verdict = "the ranks disagree on collective " + number + where(group) + ": " +
+                disagreement(kinds, d.culprits);
     return d;
   }
   std::vector<int> failed;

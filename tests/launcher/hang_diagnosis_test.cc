@@ -160,6 +160,25 @@ TEST(Verdict, AMissingRankThatEndedSaysHow) {
   EXPECT_NE(d.table.find("rank 1 (was killed by SIGSEGV): #1"), std::string::npos) << d.table;
 }
 
+// The missing rank stays the culprit; the collective is named as most called it, and the
+// ranks that entered it and disagree are named too.
+TEST(Verdict, AMissingRankBesideRanksThatDisagreeSaysBoth) {
+  const auto views = ranks(4, 1, [](int rank, auto& entries) {
+    if (rank != 3) entries.push_back(all_reduce(2, EntryState::kInFlight, rank == 0 ? 1025 : 1024));
+  });
+  const Diagnosis d = sgpu::launcher::diagnose(views, kNow);
+  EXPECT_EQ(d.kind, Diagnosis::Kind::kMissing);
+  EXPECT_EQ(d.culprits, std::vector<int>{3});
+  EXPECT_EQ(
+      d.verdict.rfind("rank 3 never entered collective #2 (all_reduce of 1024 float32 (sum))", 0),
+      0u)
+      << d.verdict;
+  EXPECT_NE(d.verdict.find(" The ranks in it disagree: rank 0 called all_reduce of 1025 float32 "
+                           "(sum), ranks 1, 2 all_reduce of 1024 float32 (sum)."),
+            std::string::npos)
+      << d.verdict;
+}
+
 TEST(Verdict, TheLongestInFlightIsTheOldestEntry) {
   auto views = ranks(3, 1, [](int rank, auto& entries) {
     entries.push_back(all_reduce(2, EntryState::kInFlight));
