@@ -476,8 +476,8 @@ void add_context(const std::string& backend, int ranks, const sgpu::Options& opt
   } else {
     benchmark::AddCustomContext("driver", "none (simulated ranks)");
     const char* env = std::getenv("SGPU_SIM_TRANSPORT");
-    const std::string transport = !options.sim_transport.empty()
-                                      ? options.sim_transport
+    const std::string transport = !options.sim.transport.empty()
+                                      ? options.sim.transport
                                       : (env != nullptr && *env != '\0' ? env : "shm");
     benchmark::AddCustomContext("interconnect", transport == "gloo"
                                                     ? "simulated: Gloo over TCP on 127.0.0.1"
@@ -593,7 +593,7 @@ int main(int argc, char** argv) {
   options.backend = config.backend;
   options.gpu_type = config.gpu_type;
   options.name = "collective_sweep";
-  options.sim_transport = config.transport;
+  options.sim.transport = config.transport;
   if (config.recorder == "off") options.recorder_entries = 0;
   std::string backend;
   std::optional<sgpu::model::Platform> platform;

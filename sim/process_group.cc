@@ -226,7 +226,7 @@ int world_of(const Options& options) { return options.gpus * std::max(options.nn
 
 // A folded world (NOTE [A folded world]): the launcher gives the backend the whole world's
 // nodes, whose ranks node 0's launch runs as its own.
-bool folded(const Options& options) { return options.sim_fold && options.nnodes > 1; }
+bool folded(const Options& options) { return options.sim.fold && options.nnodes > 1; }
 
 // Whether `rank` runs on this node: one of its ranks, or in a folded world one of those the
 // fold runs (node 0's, and the world's last rank, a second of its place).
@@ -239,7 +239,7 @@ bool runs_here(const Options& options, int rank) {
 // The plan's faults, every one on a rank that runs where the world is folded: a fault on a
 // rank that only stands in the world would never act. ConfigError otherwise.
 std::vector<Fault> faults_of(const Options& options) {
-  std::vector<Fault> faults = parse_faults(options.sim_faults, world_of(options));
+  std::vector<Fault> faults = parse_faults(options.sim.faults, world_of(options));
   if (!folded(options)) return faults;
   for (const Fault& fault : faults) {
     if (runs_here(options, fault.rank)) continue;
@@ -260,12 +260,12 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
   const std::string spec = node_spec_of(options);
   const std::string platform = platform_of_spec(spec);  // parses the spec
   std::vector<std::string> variables{
-      "SGPU_SIM=" + spec, std::string(cuda::kSimCudaVar) + "=" + (options.sim_cuda ? "on" : "off"),
+      "SGPU_SIM=" + spec, std::string(cuda::kSimCudaVar) + "=" + (options.sim.cuda ? "on" : "off"),
       std::string(kTransportVar) + "=" + transport_name(chosen_transport(options)),
       std::string(contract::kPlatformVar) + "=" + platform,
       std::string(contract::kSimComputeVar) + "=" +
           (computes_shapes(options) ? "shapes" : "values")};
-  if (options.sim_fold) {
+  if (options.sim.fold) {
     if (!computes_shapes(options)) {
       throw ConfigError(contract::spell("sim_fold") +
                         " runs node 0's ranks for every node's, which holds where tensors carry "
@@ -274,7 +274,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
     }
     variables.push_back(std::string(contract::find_option("sim_fold")->env) + "=on");
   }
-  const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
+  const std::string& plan = options.sim.faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return variables;
   faults_of(options);  // ConfigError before anything starts
   variables.push_back(std::string(kFaultsVar) + "=" + plan);
@@ -282,7 +282,7 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
 }
 
 std::vector<std::string> SimBackend::ending_faults(const Options& options) const {
-  const std::string& plan = options.sim_faults;  // SGPU_SIM_FAULTS stands in for it
+  const std::string& plan = options.sim.faults;  // SGPU_SIM_FAULTS stands in for it
   if (plan.empty()) return {};
   std::vector<std::string> ending;
   // Over several nodes, each node answers for its own ranks' faults.
@@ -384,7 +384,7 @@ c10::intrusive_ptr<c10d::Backend> SimGroups::make(
 }  // namespace
 
 Transport chosen_transport(const Options& options) {
-  const std::string& name = options.sim_transport;
+  const std::string& name = options.sim.transport;
   // A folded world's nodes are one node's ranks.
   const bool several_nodes = options.nnodes > 1 && !folded(options);
   // Shared memory does not reach other nodes; Gloo's TCP does.
@@ -403,7 +403,7 @@ Transport chosen_transport(const Options& options) {
 }
 
 bool computes_shapes(const Options& options) {
-  const std::string& name = options.sim_compute;
+  const std::string& name = options.sim.compute;
   const std::string given = contract::spell("sim_compute", name);
   if (name.empty() || name == "values") return false;
   if (name == "shapes") return true;

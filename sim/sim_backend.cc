@@ -16,7 +16,7 @@
 namespace sgpu::sim {
 
 std::string node_spec_of(const Options& options) {
-  return options.sim_node.empty() ? std::string(kDefaultNodeSpec) : options.sim_node;
+  return options.sim.node.empty() ? std::string(kDefaultNodeSpec) : options.sim.node;
 }
 
 namespace {
@@ -77,7 +77,7 @@ bool SimBackend::serve_cuda(int device_index) const {
   return true;
 }
 
-bool SimBackend::serves_cuda(const Options& options) const { return options.sim_cuda; }
+bool SimBackend::serves_cuda(const Options& options) const { return options.sim.cuda; }
 
 bool SimBackend::computes_shapes(const Options& options) const {
   return sim::computes_shapes(options);

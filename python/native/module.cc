@@ -691,7 +691,7 @@ void bind_caller_side(py::module_& m) {
   // Whether the call folds its simulated nodes into one launch (NOTE [A folded world]):
   // sim_fold, the environment's override applied.
   m.def("sim_fold", [](const py::dict& given) {
-    return contract::with_environment(options_from(given)).sim_fold;
+    return contract::with_environment(options_from(given)).sim.fold;
   });
   m.def("backend_of", [](const py::dict& given) {  // as the environment's overrides leave it
     return contract::with_environment(options_from(given)).backend;

@@ -72,7 +72,7 @@ class Backend {
   virtual const ServedCuda* served_cuda() const { return nullptr; }
 
   // Whether a call with `options` has its ranks compute shapes without data (sim's
-  // shape-only compute: Options::sim_compute "shapes"); ConfigError naming the option for a
+  // shape-only compute: Options::sim.compute "shapes"); ConfigError naming the option for a
   // value the backend does not take. The default: ranks compute on data.
   virtual bool computes_shapes(const Options& options) const { return false; }
 };

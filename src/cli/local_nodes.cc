@@ -89,7 +89,7 @@ void end_the_rest(std::vector<Node>& nodes) {
 
 bool every_node_here(const Options& options) {
   // A folded world is one launch (NOTE [A folded world]).
-  return options.nnodes > 1 && nodes::nodes_may_be_here(options) && !options.sim_fold;
+  return options.nnodes > 1 && nodes::nodes_may_be_here(options) && !options.sim.fold;
 }
 
 int run_every_node(Options options, int argc, char** argv,

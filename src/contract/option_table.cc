@@ -67,6 +67,10 @@ Timeout as_timeout(const OptionValue& value, const char* name) {
 
 #define SGPU_SET(member, how) [](Options& o, const OptionValue& v) { o.member = how(v, #member); }
 #define SGPU_EMPTY(member) [](const Options& o) { return o.member.empty(); }
+// A row of the simulated backend's SimOptions, named sim_<field>.
+#define SGPU_SET_SIM(field, how) \
+  [](Options& o, const OptionValue& v) { o.sim.field = how(v, "sim_" #field); }
+#define SGPU_EMPTY_SIM(field) [](const Options& o) { return o.sim.field.empty(); }
 
 constexpr OptionRow kRows[] = {
     {"gpus", OptionType::kInt, "a positive int", "1", "", "--gpus", "ranks to start, one per GPU",
@@ -92,29 +96,29 @@ constexpr OptionRow kRows[] = {
      SGPU_SET(backend, as_text), EnvRule::kDecides, "auto|cuda|sim"},
     {"sim_node", OptionType::kString, "a node spec such as \"8xH100\"", "`SGPU_SIM`, else `8xH100`",
      "SGPU_SIM", "", "the node `sim` pretends to be: `8xH100`, `4xH100+4xA10`, `2xH200:40GiB`",
-     SGPU_SET(sim_node, as_text), EnvRule::kStandsIn, "", SGPU_EMPTY(sim_node)},
+     SGPU_SET_SIM(node, as_text), EnvRule::kStandsIn, "", SGPU_EMPTY_SIM(node)},
     {"sim_faults", OptionType::kString, "a fault plan such as \"rank=1:segv@collective=3\"",
      "`SGPU_SIM_FAULTS`, else none", "SGPU_SIM_FAULTS", "",
-     "faults for `sim` ranks: `rank=1:segv@collective=3`", SGPU_SET(sim_faults, as_text),
-     EnvRule::kStandsIn, "", SGPU_EMPTY(sim_faults)},
+     "faults for `sim` ranks: `rank=1:segv@collective=3`", SGPU_SET_SIM(faults, as_text),
+     EnvRule::kStandsIn, "", SGPU_EMPTY_SIM(faults)},
     {"sim_transport", OptionType::kString, "\"shm\" or \"gloo\"",
      "`SGPU_SIM_TRANSPORT`, else `\"shm\"`", "SGPU_SIM_TRANSPORT", "",
      "how `sim` collectives travel: `\"shm\"` (shared memory) or `\"gloo\"`",
-     SGPU_SET(sim_transport, as_text), EnvRule::kStandsIn, "shm|gloo", SGPU_EMPTY(sim_transport)},
+     SGPU_SET_SIM(transport, as_text), EnvRule::kStandsIn, "shm|gloo", SGPU_EMPTY_SIM(transport)},
     {"sim_compute", OptionType::kString, "\"values\" or \"shapes\"",
      "`SGPU_SIM_COMPUTE`, else `\"values\"`", "SGPU_SIM_COMPUTE", "--sim-compute",
      "what a Python rank on `sim` computes: `\"values\"`, or `\"shapes\"` (no data)",
-     SGPU_SET(sim_compute, as_text), EnvRule::kStandsIn, "values|shapes", SGPU_EMPTY(sim_compute)},
+     SGPU_SET_SIM(compute, as_text), EnvRule::kStandsIn, "values|shapes", SGPU_EMPTY_SIM(compute)},
     {"sim_fold", OptionType::kBool,
      "True (node 0's ranks stand for every node's) or False (every rank runs)", "false",
      "SGPU_SIM_FOLD", "--sim-fold",
      "in shape-only compute over several `sim` nodes, run node 0's ranks only, each standing "
      "for its place on every node",
-     SGPU_SET(sim_fold, as_flag), EnvRule::kDecides},
+     SGPU_SET_SIM(fold, as_flag), EnvRule::kDecides},
     {"sim_cuda", OptionType::kBool,
      "True (a rank's cuda devices are the simulated GPUs) or False (CPU)", "true", "SGPU_SIM_CUDA",
      "", "a Python rank's `cuda` devices on `sim` are the node's GPUs, served by the CPU",
-     SGPU_SET(sim_cuda, as_flag), EnvRule::kDecides},
+     SGPU_SET_SIM(cuda, as_flag), EnvRule::kDecides},
     {"runs_dir", OptionType::kString, "a folder", "`SGPU_RUNS_DIR`, else `$TMPDIR/sgpu-<uid>/runs`",
      "SGPU_RUNS_DIR", "--log-dir", "where run folders go", SGPU_SET(runs_dir, as_text),
      EnvRule::kStandsIn, "", SGPU_EMPTY(runs_dir)},
@@ -181,6 +185,8 @@ constexpr OptionRow kRows[] = {
 
 #undef SGPU_SET
 #undef SGPU_EMPTY
+#undef SGPU_SET_SIM
+#undef SGPU_EMPTY_SIM
 
 }  // namespace
 

@@ -25,7 +25,7 @@ inline constexpr int kRankLifelineFd = 3;
 inline constexpr std::size_t kRankTailLines = 20;
 
 // torchrun's.
-// What sim ranks compute, "values" or "shapes" (Options::sim_compute): the simulated
+// What sim ranks compute, "values" or "shapes" (Options::sim.compute): the simulated
 // backend's, read here too by the launcher, which takes "shapes" for Python ranks only.
 inline constexpr const char* kSimComputeVar = "SGPU_SIM_COMPUTE";
 inline constexpr const char* kRankVar = "RANK";

@@ -286,7 +286,7 @@ bool nodes_may_be_here(const Options& options, const EnvLookup& env) {
 }
 
 bool folds_nodes(const Options& options, const EnvLookup& env) {
-  if (!options.sim_fold) return false;
+  if (!options.sim.fold) return false;
   if (!nodes_may_be_here(options, env)) {
     throw ConfigError(contract::spell("sim_fold") +
                       " folds the nodes of a simulated world on this machine: it needs the sim "

@@ -1,5 +1,5 @@
 // What a call's compute would take on the node it pretends to be, per rank: in shape-only
-// compute (Options::sim_compute "shapes") each operator a rank runs on its GPU is timed
+// compute (Options::sim.compute "shapes") each operator a rank runs on its GPU is timed
 // by the platform's roofline from its FLOPs and the bytes it moves (NOTE [The compute
 // model] in model/platform.h), beside the collective model's times (sgpu/comm.h).
 //

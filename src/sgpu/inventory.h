@@ -5,7 +5,7 @@
 //   }
 //
 // "cuda" reports the GPUs the driver sees (honouring CUDA_VISIBLE_DEVICES), with the
-// reason when there are none; "sim" reports the node spec (Options::sim_node, else
+// reason when there are none; "sim" reports the node spec (Options::sim.node, else
 // SGPU_SIM, else 8xH100). GPU types are normalised names: "NVIDIA H100 80GB HBM3" is
 // "H100".
 #pragma once

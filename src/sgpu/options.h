@@ -72,6 +72,24 @@ inline Timeout parse_timeout(const std::string& text) {
 // start threads (the fork server refuses to fork then, and says so).
 enum class StartMethod { kAuto, kForkServer, kExec };
 
+// What the simulated backend ("sim") takes; the cuda backend takes none of it. Each has a
+// row of the option table named sim_<field> (the Python keyword and the error's spelling).
+struct SimOptions {
+  std::string node;       // the node it pretends, e.g. "8xH100"; empty: SGPU_SIM, else "8xH100"
+  std::string faults;     // fault plan for its ranks (see sim/faults.h); empty: SGPU_SIM_FAULTS
+  std::string transport;  // its collectives: "shm" (shared memory) or "gloo"; empty:
+                          // SGPU_SIM_TRANSPORT, else "shm"
+  std::string compute;    // what its ranks compute: "values" (the default) or "shapes": a
+                          // Python rank's tensors carry shapes and no data, and its
+                          // collectives move no bytes (docs/simulation.md, "Shape-only
+                          // compute"); empty: SGPU_SIM_COMPUTE, else "values"
+  bool fold = false;      // in shape-only compute over several simulated nodes, only node 0's
+                          // ranks run, each standing for its place on every node (NOTE [A
+                          // folded world]); SGPU_SIM_FOLD=on|off overrides
+  bool cuda = true;       // a Python rank's cuda devices are the node's GPUs served by the CPU;
+                          // false: CPU devices, as a C++ rank's; SGPU_SIM_CUDA=on|off overrides
+};
+
 struct Options {
   int gpus = 1;                                // ranks to start, one per GPU
   std::string gpu_type;                        // e.g. "H100" (case-insensitive); empty: detected
@@ -83,26 +101,10 @@ struct Options {
   std::uint32_t recorder_entries = 2000;       // collectives each rank's recorder keeps; 0: none
                                                // (and no hang diagnosis)
   std::string backend = "auto";                // "auto", "cuda" or "sim"; SGPU_BACKEND overrides
-  std::string sim_node;                        // node the sim backend pretends, e.g. "8xH100";
-                                               // empty: SGPU_SIM, else "8xH100"
-  std::string sim_faults;          // fault plan for sim ranks (see sim/faults.h); empty:
-                                   // SGPU_SIM_FAULTS
-  std::string sim_transport;       // sim collectives: "shm" (shared memory) or "gloo";
-                                   // empty: SGPU_SIM_TRANSPORT, else "shm"
-  std::string sim_compute;         // what sim ranks compute: "values" (the default) or "shapes":
-                                   // a Python rank's tensors carry shapes and no data, and its
-                                   // collectives move no bytes (docs/simulation.md, "Shape-only
-                                   // compute"); empty: SGPU_SIM_COMPUTE, else "values"
-  bool sim_fold = false;           // in shape-only compute over several simulated nodes, only
-                                   // node 0's ranks run, each standing for its place on every
-                                   // node (NOTE [A folded world]); SGPU_SIM_FOLD=on|off
-                                   // overrides
-  bool sim_cuda = true;            // a Python rank's cuda devices on sim are the node's GPUs
-                                   // served by the CPU; false: CPU devices, as a C++ rank's;
-                                   // SGPU_SIM_CUDA=on|off overrides
-  std::filesystem::path runs_dir;  // where run folders go; empty: SGPU_RUNS_DIR, else
-                                   // $TMPDIR/sgpu-<uid>/runs
-  bool keep_run_dir = false;       // keep the run folder after success too
+  SimOptions sim;                              // what the sim backend takes
+  std::filesystem::path runs_dir;              // where run folders go; empty: SGPU_RUNS_DIR, else
+                                               // $TMPDIR/sgpu-<uid>/runs
+  bool keep_run_dir = false;                   // keep the run folder after success too
   std::optional<std::vector<int>> console_ranks;  // ranks streamed to the console; unset: all
   std::size_t max_payload_bytes = std::size_t{256} << 20;  // limit on arguments and each result
   std::chrono::milliseconds teardown_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL

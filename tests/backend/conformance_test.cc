@@ -184,7 +184,7 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
                            (collective == 0 ? "" : "@collective=" + std::to_string(collective));
   const std::string marker = "fault-" + std::to_string(::getpid()) + "-" + plan;
   sgpu::Options options = sgpu::testing::sim(gpus, true);
-  options.sim_faults = plan;
+  options.sim.faults = plan;
   // The timeout is the hang's; a fault must not race it while a loaded machine starts ranks.
   options.timeout = std::chrono::seconds(action == "hang" ? 3 : 60);
   ::setenv("SGPU_TEST_MARKER", marker.c_str(), 1);
@@ -219,7 +219,7 @@ RC_GTEST_PROP(SimFaults, AnyFaultAtAnyRankAndPointEndsInTheLaunchersError, ()) {
 
 TEST(SimFaults, SlowRanksStillFinish) {
   sgpu::Options options = sgpu::testing::sim(2);
-  options.sim_faults = "rank=1:slow=100ms@collective=2";
+  options.sim.faults = "rank=1:slow=100ms@collective=2";
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(sgpu::distributed(allreduce_steps, options).distributed(3), (std::vector<int>{0, 1}));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
@@ -227,7 +227,7 @@ TEST(SimFaults, SlowRanksStillFinish) {
 
 TEST(SimFaults, TimedCrashHappensAfterItsTime) {
   sgpu::Options options = sgpu::testing::sim(2);
-  options.sim_faults = "rank=0:exit=9@after=300ms";
+  options.sim.faults = "rank=0:exit=9@after=300ms";
   int (*sleepy)(int) = [](int ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return 0;
@@ -247,7 +247,7 @@ TEST(SimFaults, BadPlansAreConfigErrorsBeforeAnythingStarts) {
   for (const char* plan :
        {"rank=2:abort", "rank=0:explode", "rank=0:throw@after=1s", "rank=0:hang@after=1s",
         "rank=0:abort@collective=0", "0:abort", "rank=0:slow=fast"}) {
-    options.sim_faults = plan;
+    options.sim.faults = plan;
     EXPECT_THROW(sgpu::distributed(allreduce_steps, options).distributed(1), sgpu::ConfigError)
         << plan;
     EXPECT_TRUE(sgpu::testing::children().empty());
@@ -264,11 +264,11 @@ TEST(BackendQuestions, OnlySimsShapeOnlyComputeComputesShapes) {
   }
   const sgpu::backend::Backend& sim = sgpu::backend::find_backend("sim");
   sgpu::Options options;
-  options.sim_compute = "shapes";
+  options.sim.compute = "shapes";
   EXPECT_TRUE(sim.computes_shapes(options));
-  options.sim_compute = "values";
+  options.sim.compute = "values";
   EXPECT_FALSE(sim.computes_shapes(options));
-  options.sim_compute = "rows";
+  options.sim.compute = "rows";
   try {
     sim.computes_shapes(options);
     ADD_FAILURE() << "\"rows\" was taken for what ranks compute";

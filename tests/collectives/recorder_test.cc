@@ -104,7 +104,7 @@ int zero_step(int) {
 template <class F>
 std::vector<std::vector<CollectiveEntry>> recorded(F* fn, int world, const std::string& transport) {
   sgpu::Options o = sgpu::testing::sim(world, true);
-  o.sim_transport = transport;
+  o.sim.transport = transport;
   o.keep_run_dir = true;
   o.tracking = false;
   auto launch = sgpu::distributed(fn, o).launch(0);

@@ -92,7 +92,7 @@ TEST(OptionTable, EachRowSetsItsOwnMember) {
   EXPECT_EQ(set("start_method", std::string("fork-server")).start_method,
             sgpu::StartMethod::kForkServer);
   EXPECT_FALSE(set("tracking", false).tracking);
-  EXPECT_FALSE(set("sim_cuda", false).sim_cuda);
+  EXPECT_FALSE(set("sim_cuda", false).sim.cuda);
   EXPECT_EQ(set("node_rank", 1LL).node_rank, 1);
   EXPECT_EQ(set("rdzv_timeout", 30.0).rdzv_timeout, std::chrono::seconds(30));
   EXPECT_EQ(set("max_payload_bytes", 1024LL).max_payload_bytes, 1024u);
@@ -137,15 +137,15 @@ TEST(OptionTable, AVariableDecidesStandsInOrTurnsOffAsItsRowSays) {
       method("SGPU_START_METHOD", "exec"), runs("SGPU_RUNS_DIR", "/runs");
   sgpu::Options given;
   given.backend = "cuda";
-  given.sim_transport = "shm";
+  given.sim.transport = "shm";
   const sgpu::Options options = with_environment(given);
   EXPECT_EQ(options.backend, "sim");  // it decides
   EXPECT_EQ(options.hang_timeout, sgpu::kNoTimeout);
-  EXPECT_FALSE(options.sim_cuda);
+  EXPECT_FALSE(options.sim.cuda);
   EXPECT_EQ(options.start_method, sgpu::StartMethod::kExec);
-  EXPECT_EQ(options.sim_node, "2xA10");     // it stands in for the option left empty
+  EXPECT_EQ(options.sim.node, "2xA10");     // it stands in for the option left empty
   EXPECT_EQ(options.runs_dir, "/runs");     // a path's row too
-  EXPECT_EQ(options.sim_transport, "shm");  // not for one given
+  EXPECT_EQ(options.sim.transport, "shm");  // not for one given
   EXPECT_FALSE(options.tracking);           // it turns it off
 }
 
@@ -167,22 +167,22 @@ TEST(OptionTable, EveryVariableActsOnAGivenOptionAsItsRuleHasAlwaysSaid) {
       {"SGPU_HANG_TIMEOUT", "none",
        [](sgpu::Options& o) { o.hang_timeout = std::chrono::seconds(5); },
        [](const sgpu::Options& o) { return o.hang_timeout == sgpu::kNoTimeout; }, true},
-      {"SGPU_SIM_CUDA", "on", [](sgpu::Options& o) { o.sim_cuda = false; },
-       [](const sgpu::Options& o) { return o.sim_cuda; }, true},
-      {"SGPU_SIM_FOLD", "on", [](sgpu::Options& o) { o.sim_fold = false; },
-       [](const sgpu::Options& o) { return o.sim_fold; }, true},
+      {"SGPU_SIM_CUDA", "on", [](sgpu::Options& o) { o.sim.cuda = false; },
+       [](const sgpu::Options& o) { return o.sim.cuda; }, true},
+      {"SGPU_SIM_FOLD", "on", [](sgpu::Options& o) { o.sim.fold = false; },
+       [](const sgpu::Options& o) { return o.sim.fold; }, true},
       {"SGPU_START_METHOD", "exec",
        [](sgpu::Options& o) { o.start_method = sgpu::StartMethod::kForkServer; },
        [](const sgpu::Options& o) { return o.start_method == sgpu::StartMethod::kExec; }, true},
-      {"SGPU_SIM", "2xA10", [](sgpu::Options& o) { o.sim_node = "4xH100"; },
-       [](const sgpu::Options& o) { return o.sim_node == "2xA10"; }, false},
+      {"SGPU_SIM", "2xA10", [](sgpu::Options& o) { o.sim.node = "4xH100"; },
+       [](const sgpu::Options& o) { return o.sim.node == "2xA10"; }, false},
       {"SGPU_SIM_FAULTS", "rank=1:exit=3@start",
-       [](sgpu::Options& o) { o.sim_faults = "rank=0:exit=2@start"; },
-       [](const sgpu::Options& o) { return o.sim_faults == "rank=1:exit=3@start"; }, false},
-      {"SGPU_SIM_TRANSPORT", "gloo", [](sgpu::Options& o) { o.sim_transport = "shm"; },
-       [](const sgpu::Options& o) { return o.sim_transport == "gloo"; }, false},
-      {"SGPU_SIM_COMPUTE", "values", [](sgpu::Options& o) { o.sim_compute = "shapes"; },
-       [](const sgpu::Options& o) { return o.sim_compute == "values"; }, false},
+       [](sgpu::Options& o) { o.sim.faults = "rank=0:exit=2@start"; },
+       [](const sgpu::Options& o) { return o.sim.faults == "rank=1:exit=3@start"; }, false},
+      {"SGPU_SIM_TRANSPORT", "gloo", [](sgpu::Options& o) { o.sim.transport = "shm"; },
+       [](const sgpu::Options& o) { return o.sim.transport == "gloo"; }, false},
+      {"SGPU_SIM_COMPUTE", "values", [](sgpu::Options& o) { o.sim.compute = "shapes"; },
+       [](const sgpu::Options& o) { return o.sim.compute == "values"; }, false},
       {"SGPU_RUNS_DIR", "/runs", [](sgpu::Options& o) { o.runs_dir = "/mine"; },
        [](const sgpu::Options& o) { return o.runs_dir == "/runs"; }, false},
       {"SGPU_TRACKING", "off", [](sgpu::Options& o) { o.tracking = true; },
@@ -212,10 +212,10 @@ TEST(OptionTable, AVariableTurnsNothingOnAndOneTheOptionLeavesUnusedIsNotRead) {
       empty("SGPU_BACKEND", "");
   sgpu::Options given;
   given.tracking = false;
-  given.sim_transport = "gloo";
+  given.sim.transport = "gloo";
   const sgpu::Options options = with_environment(given);
   EXPECT_FALSE(options.tracking);
-  EXPECT_EQ(options.sim_transport, "gloo");
+  EXPECT_EQ(options.sim.transport, "gloo");
   EXPECT_EQ(options.backend, "auto");  // set but empty is unset
 }
 

@@ -28,7 +28,7 @@ constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 
 sgpu::Options on(const std::string& node, int gpus) {
   sgpu::Options o = sgpu::testing::sim(gpus, true);
-  o.sim_node = node;
+  o.sim.node = node;
   o.tracking = false;
   return o;
 }
@@ -163,7 +163,7 @@ sgpu::Options small_device() {
         static_cast<double>(64 * kMiB) / static_cast<double>(gpus.at(0).memory_bytes);
     ::setenv("SGPU_CUDA_MEMORY_FRACTION", std::to_string(fraction).c_str(), 1);
   } else {
-    o.sim_node = "1xH100:64MiB";
+    o.sim.node = "1xH100:64MiB";
   }
   return o;
 }

@@ -55,13 +55,13 @@ TEST(ConfigError, ZeroOrNegativeTimeout) {
 
 TEST(ConfigError, ShapeOnlyComputeIsForPythonFunctionsAndNamesItsValues) {
   auto o = sim();
-  o.sim_compute = "shapes";
+  o.sim.compute = "shapes";
   expect_has(error_of<sgpu::ConfigError>(o), "sim_compute=\"shapes\" is for Python code");
   expect_has(error_of<sgpu::ConfigError>(o), "a C++ function's ranks compute on data");
-  o.sim_compute = "fake";
+  o.sim.compute = "fake";
   expect_has(error_of<sgpu::ConfigError>(o),
              "sim_compute=\"fake\" is not what simulated ranks compute: use \"values\"");
-  o.sim_compute.clear();
+  o.sim.compute.clear();
   ::setenv("SGPU_SIM_COMPUTE", "shape", 1);
   expect_has(error_of<sgpu::ConfigError>(o),
              "SGPU_SIM_COMPUTE=shape is not \"values\" or \"shapes\"");
@@ -97,15 +97,15 @@ TEST(ConfigError, ConsoleRankOutOfRange) {
 
 TEST(ConfigError, BadSimulatedNode) {
   auto o = sim();
-  o.sim_node = "8xQ9";
+  o.sim.node = "8xQ9";
   expect_has(error_of<sgpu::ConfigError>(o), "unknown GPU type \"Q9\"");
 }
 
 TEST(ConfigError, UnknownSimulatedTransport) {
   auto o = sim();
-  o.sim_transport = "tcp";
+  o.sim.transport = "tcp";
   expect_has(error_of<sgpu::ConfigError>(o), "sim_transport=\"tcp\" is not a transport");
-  o.sim_transport.clear();
+  o.sim.transport.clear();
   ::setenv("SGPU_SIM_TRANSPORT", "ib", 1);
   expect_has(error_of<sgpu::ConfigError>(o), "SGPU_SIM_TRANSPORT=ib is not \"shm\" or \"gloo\"");
   ::unsetenv("SGPU_SIM_TRANSPORT");
@@ -119,7 +119,7 @@ TEST(ConfigError, ArgumentsOverTheLimit) {
 
 TEST(Mismatch, TypeTheNodeLacks) {
   auto o = sim();
-  o.sim_node = "4xA10";
+  o.sim.node = "4xA10";
   o.gpu_type = "H100";
   expect_has(error_of<sgpu::AcceleratorMismatchError>(o),
              "gpu_type \"H100\" requested but this node has 4 x A10; pass gpu_type=\"A10\"");
@@ -127,7 +127,7 @@ TEST(Mismatch, TypeTheNodeLacks) {
 
 TEST(Mismatch, MoreGpusThanTheNode) {
   auto o = sim();
-  o.sim_node = "2xH200";
+  o.sim.node = "2xH200";
   o.gpus = 4;
   expect_has(error_of<sgpu::AcceleratorMismatchError>(o), "pass gpus=2 or fewer");
 }
@@ -169,7 +169,7 @@ TEST(Mismatch, CudaWithoutAGpuSaysWhyAndNamesTheSimulatedBackend) {
 
 TEST(Mismatch, DetectedTypeIsReported) {
   auto o = sim();
-  o.sim_node = "2xA100";
+  o.sim.node = "2xA100";
   auto launch = sgpu::distributed(noop, o).launch(5);
   EXPECT_EQ(launch.gpu_type(), "A100");
   EXPECT_EQ(launch.wait(), (std::vector<int>{5}));

@@ -124,7 +124,7 @@ TEST(Hang, AHangBeforeACollectiveNamesThatRankAndCollective) {
     const int rank = *rc::gen::inRange(0, gpus);
     const int k = *rc::gen::inRange(1, 5);
     sgpu::Options o = options(gpus);
-    o.sim_faults = "rank=" + std::to_string(rank) + ":hang@collective=" + std::to_string(k);
+    o.sim.faults = "rank=" + std::to_string(rank) + ":hang@collective=" + std::to_string(k);
     const auto e = failure_of<sgpu::HangError>(all_reduces, o, 5);
     RC_ASSERT(e.collectives().culprits == std::vector<int>{rank});
     const std::string verdict = "rank " + std::to_string(rank) + " never entered collective #" +
@@ -190,7 +190,7 @@ TEST(Hang, ARankThatGivesAnotherSizeIsNamedWithBothSizes) {
 TEST(Hang, ARankThatGivesAnotherSizeIsNamedThoughAPeerIsLate) {
   if (!faults_planned()) GTEST_SKIP() << "the fault plan is the simulated backend's";
   sgpu::Options o = options(3);
-  o.sim_faults = "rank=2:slow=500ms@collective=1";
+  o.sim.faults = "rank=2:slow=500ms@collective=1";
   const auto e = failure_of(gathers, o, 0, 1, kCount + 1);
   EXPECT_EQ(e.collectives().culprits, std::vector<int>{0}) << e.what();
   EXPECT_NE(e.collectives().verdict.find("rank 0 called all_gather of 1025 float32"),
@@ -222,7 +222,7 @@ TEST(Hang, ATimeoutCarriesTheVerdict) {
   sgpu::Options o = options(3);
   o.hang_timeout = sgpu::kNoTimeout;
   o.timeout = std::chrono::seconds(6);  // room for a loaded machine to reach collective #2
-  o.sim_faults = "rank=1:hang@collective=2";
+  o.sim.faults = "rank=1:hang@collective=2";
   const auto e = failure_of<sgpu::TimeoutError>(all_reduces, o, 4);
   EXPECT_EQ(e.collectives().culprits, std::vector<int>{1});
   EXPECT_NE(std::string(e.what()).find("rank 1 never entered collective #2"), std::string::npos)
@@ -247,7 +247,7 @@ TEST(Hang, ACrashedRanksPeersWaitingInACollectiveAreExplained) {
   sgpu::Options o = options(3);
   // Rank 2 lingers before it exits, so its peers are surely waiting in #3 when it dies: a
   // loaded machine could otherwise see the exit before they got there, with nothing to explain.
-  o.sim_faults = "rank=2:slow=1s@collective=3;rank=2:exit=7@collective=3";
+  o.sim.faults = "rank=2:slow=1s@collective=3;rank=2:exit=7@collective=3";
   const auto e = failure_of(all_reduces, o, 5);
   ASSERT_NE(e.root_cause(), nullptr);
   EXPECT_EQ(e.root_cause()->rank, 2);
@@ -261,7 +261,7 @@ TEST(Hang, RecordingOffMeansNoVerdict) {
   sgpu::Options o = options(2);
   o.recorder_entries = 0;
   o.timeout = std::chrono::seconds(2);
-  o.sim_faults = "rank=0:hang@collective=1";
+  o.sim.faults = "rank=0:hang@collective=1";
   const auto e = failure_of<sgpu::TimeoutError>(all_reduces, o, 2);
   EXPECT_TRUE(e.collectives().verdict.empty());
   EXPECT_FALSE(std::filesystem::exists(e.run_dir() / "rank-0" / "collectives.ring"));

@@ -219,7 +219,7 @@ TEST(Accounting, PredictsOnTheNodeTheSpecNames) {
   const auto stats_of = [](const char* spec, int gpus, const char* gpu_type) {
     sgpu::Options o = sgpu::testing::sim(gpus, true);
     o.gpu_type = gpu_type;
-    o.sim_node = spec;
+    o.sim.node = spec;
     o.tracking = false;
     auto launch = sgpu::distributed(reduce, o).launch(1);
     launch.wait();
@@ -238,7 +238,7 @@ TEST(Accounting, PredictsOnTheNodeTheSpecNames) {
   EXPECT_EQ(mixed.platform, "");
   EXPECT_EQ(mixed.by_op().at("all_reduce").predicted_seconds, 0);
   sgpu::Options o = sgpu::testing::sim(2);
-  o.sim_node = "2xH100@h300-nvswitch";
+  o.sim.node = "2xH100@h300-nvswitch";
   o.tracking = false;
   try {
     sgpu::distributed(reduce, o).distributed(0);
@@ -268,7 +268,7 @@ double linear_layer(int) {
 
 TEST(ComputeEstimate, AComputingRanksKernelsAreTimedOnTheNodesRoofline) {
   sgpu::Options o = sgpu::testing::sim(2, true);
-  o.sim_node = "2xA10";
+  o.sim.node = "2xA10";
   o.tracking = false;
   auto launch = sgpu::distributed(linear_layer, o).launch(0);
   EXPECT_EQ(launch.wait(), (std::vector<double>{256.0 * 1024 * 512, 256.0 * 1024 * 512}));

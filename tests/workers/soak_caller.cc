@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(static_cast<long>(call.at("timeout").get<double>() * 1000));
     options.hang_timeout =
         std::chrono::milliseconds(static_cast<long>(call.at("hang_timeout").get<double>() * 1000));
-    options.sim_faults = call.at("plan");
+    options.sim.faults = call.at("plan");
     options.runs_dir = call.at("runs_dir").get<std::string>();
     options.name = call.at("name");
     const std::string dir = call.at("dir");
