@@ -20,7 +20,7 @@ def _on_node() -> bool:
     interpreter starts (under `sgpu sim`, in a notebook kernel started so, in what such a
     process starts). sgpu's own roles (a rank, a fork server) see to themselves."""
     env = os.environ
-    return (env.get("SGPU_BACKEND") == "sim" and _rank_env.ROLE not in env
+    return (env.get(_rank_env.BACKEND_SETTING) == _rank_env.SIM_BACKEND and _rank_env.ROLE not in env
             and not env.get(_rank_env.RANK_DIR))
 
 
@@ -32,9 +32,10 @@ _OFF = ("off", "0", "false", "no", "OFF", "False")
 
 def _wanted() -> bool:
     env = os.environ
-    if env.get("SGPU_SIM_CUDA", "on") in _OFF or _rank_env.ROLE in env:
+    if env.get(_rank_env.SIM_CUDA_SETTING, "on") in _OFF or _rank_env.ROLE in env:
         return False
-    in_a_sim_rank = env.get(_rank_env.RANK_BACKEND) == "sim" and bool(env.get(_rank_env.RANK_DIR))
+    in_a_sim_rank = (env.get(_rank_env.RANK_BACKEND) == _rank_env.SIM_BACKEND
+                     and bool(env.get(_rank_env.RANK_DIR)))
     return in_a_sim_rank or ON_NODE
 
 

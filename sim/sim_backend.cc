@@ -21,7 +21,7 @@ std::string node_spec_of(const Options& options) {
 
 namespace {
 
-// In a rank: the node its launcher resolved (SGPU_SIM).
+// The node of this process's environment: in a rank, the one its launcher resolved (SGPU_SIM).
 std::string rank_node_spec() {
   const std::string spec = contract::environment_text("sim_node");
   return spec.empty() ? std::string(kDefaultNodeSpec) : spec;
@@ -90,6 +90,7 @@ class SimServedCuda final : public backend::ServedCuda {
  public:
   void set_refusal(Refusal refusal) const override { cuda::set_refusal(refusal); }
   void check_node(const std::string& spec) const override { (void)parse_node_spec(spec); }
+  std::string node() const override { return rank_node_spec(); }
   void cover_operators_ahead() const override { cuda::cover_operators_ahead(); }
   void count_in_forked_child() const override { memory::count_in_forked_child(); }
   std::optional<std::uint64_t> free_memory(int device) const override {

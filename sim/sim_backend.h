@@ -10,12 +10,13 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "contract/rank_env.h"
 
 namespace sgpu::sim {
 
 class SimBackend final : public backend::Backend {
  public:
-  std::string_view name() const override { return "sim"; }
+  std::string_view name() const override { return contract::kSimBackend; }
   backend::Inventory inventory(const Options& options) const override;
   // "cuda:N" where this process serves the node's GPUs as torch's cuda devices (a Python
   // rank, NOTE [CUDA on sim]); "cpu" elsewhere (a C++ rank computes on the CPU).

@@ -441,7 +441,7 @@ bool g_on_node = false;
 // on a simulated node.
 std::string process_backend() {
   std::string backend = contract::read_rank_environment().backend;
-  if (backend.empty() && g_on_node) backend = "sim";
+  if (backend.empty() && g_on_node) backend = contract::kSimBackend;
   return backend;
 }
 
@@ -602,6 +602,7 @@ void bind_cuda_on_sim(py::module_& m) {
   m.def("join_node", [] { g_on_node = true; });
   m.def("count_in_forked_child", [] { served_cuda().count_in_forked_child(); });
   m.def("check_node_spec", [](const std::string& spec) { served_cuda().check_node(spec); });
+  m.def("node_spec", [] { return served_cuda().node(); });
   m.def("cover_cuda_operators_ahead", [] { served_cuda().cover_operators_ahead(); });
   m.def("cuda_devices", &cuda_devices);
   m.def("cuda_current_device", [] { return static_cast<int>(cuda_guard().getDevice().index()); });

@@ -80,7 +80,7 @@ def wanted() -> bool:
     if os.environ.get(_rank_env.ROLE) == _rank_env.FORK_SERVER_ROLE:
         return False
     if os.environ.get(_rank_env.RANK_DIR):
-        return os.environ.get(_rank_env.RANK_BACKEND) == "sim"
+        return os.environ.get(_rank_env.RANK_BACKEND) == _rank_env.SIM_BACKEND
     return on_node()
 
 
@@ -98,22 +98,23 @@ def simulate(node: str | None = None) -> None:
         raise errors.ConfigError(
             "sgpu.simulate() is for a process that sgpu did not start (a notebook's kernel, a "
             "test session): this is a rank of an sgpu launch, which is on its node already")
-    spec = node or os.environ.get("SGPU_SIM") or "8xH100"
     from sgpu import _native
 
+    current = _native.node_spec()  # the environment's node, else the default
+    spec = node or current
     _native.check_node_spec(spec)  # ConfigError naming the bad part, nothing changed
-    if _served and spec != (os.environ.get("SGPU_SIM") or "8xH100"):
+    if _served and spec != current:
         raise errors.ConfigError(
-            f"this process is on the simulated node {os.environ.get('SGPU_SIM') or '8xH100'} "
-            f"already (torch's cuda devices are its GPUs); it cannot move to {spec}: call "
-            "sgpu.simulate() before the first use of cuda, or restart the process")
+            f"this process is on the simulated node {current} already (torch's cuda devices "
+            f"are its GPUs); it cannot move to {spec}: call sgpu.simulate() before the first "
+            "use of cuda, or restart the process")
     torch = sys.modules.get("torch")
     if not _served and torch is not None and torch.cuda.is_initialized():
         raise errors.ConfigError(
             "torch's cuda devices are this machine's already (CUDA was initialised before "
             "sgpu.simulate()); call it before the first use of cuda, or restart the process")
-    os.environ["SGPU_BACKEND"] = "sim"
-    os.environ["SGPU_SIM"] = spec
+    os.environ[_rank_env.BACKEND_SETTING] = _rank_env.SIM_BACKEND
+    os.environ[_rank_env.SIM_NODE_SETTING] = spec
     _simulated = True
     if torch is not None:
         install()

@@ -154,7 +154,7 @@ def simulated() -> SimulatedVolume | None:
 
     text = _native.setting_text(VARIABLE)
     if _simulated is None or _simulated[0] != text:
-        if text and os.environ.get(_rank_env.RANK_BACKEND) == "cuda":
+        if text and os.environ.get(_rank_env.RANK_BACKEND) == _rank_env.CUDA_BACKEND:
             from sgpu.errors import ConfigError
 
             raise ConfigError(f"{VARIABLE} simulates a network volume on the sim backend; this "

@@ -27,6 +27,8 @@ class ServedCuda {
   virtual void set_refusal(Refusal refusal) const = 0;
   // A node description as the backend reads it; ConfigError naming the bad part.
   virtual void check_node(const std::string& spec) const = 0;
+  // The node this process's environment puts it on (sim: SGPU_SIM, else 8xH100).
+  virtual std::string node() const = 0;
   // Before a fork server forks ranks that serve cuda: what they share, prepared once.
   virtual void cover_operators_ahead() const = 0;
   // In a child forked from a process that served cuda: its devices' memory counts anew.

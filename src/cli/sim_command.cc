@@ -55,14 +55,15 @@ Options node_environment(const SimFlags& flags) {
   if (!flags.node.empty()) ::setenv("SGPU_SIM", flags.node.c_str(), 1);
   if (!flags.faults.empty()) ::setenv("SGPU_SIM_FAULTS", flags.faults.c_str(), 1);
   if (!flags.hang_timeout.empty()) ::setenv("SGPU_HANG_TIMEOUT", flags.hang_timeout.c_str(), 1);
-  ::setenv("SGPU_BACKEND", "sim", 1);
+  ::setenv("SGPU_BACKEND", contract::kSimBackend, 1);
   Options options = contract::with_environment({});  // every SGPU_* variable checked
   // The node spec parsed, the plan checked (its ranks are the worlds', which may have any
   // number); a world's collectives are predicted on the node's platform, as a call's are.
   Options checked = options;
   checked.gpus = kAnyWorld;
   checked.nnodes = 1;
-  for (const std::string& variable : backend::find_backend("sim").rank_environment(checked)) {
+  for (const std::string& variable :
+       backend::find_backend(contract::kSimBackend).rank_environment(checked)) {
     const std::string name = variable.substr(0, variable.find('='));
     if (name == contract::kPlatformVar)
       ::setenv(name.c_str(), variable.c_str() + name.size() + 1, 0);

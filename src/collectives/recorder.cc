@@ -343,7 +343,7 @@ backend::RecordHook recorder_for(contract::RingGroup group, Completion completio
 }
 
 Completion completion_for(const std::string& backend) {
-  return backend == "cuda" ? Completion::kPolled : Completion::kFuture;
+  return backend == contract::kCudaBackend ? Completion::kPolled : Completion::kFuture;
 }
 
 }  // namespace sgpu::collectives

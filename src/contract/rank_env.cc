@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "contract/option_table.h"
+
 namespace sgpu::contract {
 
 std::string env_string(const char* name) {
@@ -79,6 +81,16 @@ std::string python_rank_names() {
       {"SUPERVISOR_PID", kSupervisorVar},
       {"SIM_COMPUTE", kSimComputeVar},
   };
+  static constexpr Name kBackends[] = {
+      {"CUDA_BACKEND", kCudaBackend},
+      {"SIM_BACKEND", kSimBackend},
+  };
+  // The settings the startup hook reads before any native code: the option table's variables.
+  static constexpr Name kSettings[] = {
+      {"BACKEND_SETTING", "backend"},
+      {"SIM_NODE_SETTING", "sim_node"},
+      {"SIM_CUDA_SETTING", "sim_cuda"},
+  };
   static constexpr Name kRoles[] = {
       {"RANK_ROLE", kRankRole},
       {"PROGRAM_ROLE", kProgramRole},
@@ -86,14 +98,21 @@ std::string python_rank_names() {
       {"FORK_SERVER_ROLE", kForkServerRole},
   };
   std::ostringstream out;
-  out << "\"\"\"The variables sgpu's launcher starts a rank with, and the roles SGPU_ROLE names\n"
-         "(NOTE [The rank environment] in src/contract/rank_env.h), for Python that may not load\n"
-         "the native module: `import sgpu`, the interpreter's startup hook. Made from that\n"
-         "contract (contract::python_rank_names()), which contract_test keeps this file equal\n"
-         "to. It imports nothing.\"\"\"\n\n";
+  out << "\"\"\"The variables sgpu's launcher starts a rank with, the roles SGPU_ROLE names and\n"
+         "the backends' names (NOTE [The rank environment] in src/contract/rank_env.h), and the\n"
+         "option table's variables for the settings read before the native module loads, for\n"
+         "Python that may not load it: `import sgpu`, the interpreter's startup hook. Made\n"
+         "from that contract (contract::python_rank_names()), which contract_test keeps this\n"
+         "file equal to. It imports nothing.\"\"\"\n\n";
   for (const Name& name : kVariables) out << name.python << " = \"" << name.value << "\"\n";
   out << "\n# What SGPU_ROLE says a process is.\n";
   for (const Name& name : kRoles) out << name.python << " = \"" << name.value << "\"\n";
+  out << "\n# The backends' names, as SGPU_RANK_BACKEND gives them.\n";
+  for (const Name& name : kBackends) out << name.python << " = \"" << name.value << "\"\n";
+  out << "\n# The variables of the settings read before the native module loads.\n";
+  for (const Name& name : kSettings) {
+    out << name.python << " = \"" << find_option(name.value)->env << "\"\n";
+  }
   return out.str();
 }
 

@@ -65,6 +65,10 @@ inline constexpr const char* kSupervisorVar = "SGPU_SUPERVISOR_PID";
 // launcher/node_watch.h).
 inline constexpr const char* kNodeDirVar = "SGPU_NODE_DIR";
 
+// The backends' names: what Options::backend chooses and SGPU_RANK_BACKEND says.
+inline constexpr const char* kCudaBackend = "cuda";
+inline constexpr const char* kSimBackend = "sim";
+
 // What SGPU_ROLE says a process is: a C++ function's rank, a program's (`sgpu run`'s), a
 // Python function's rank (sgpu's worker), the fork server that starts ranks.
 inline constexpr const char* kRankRole = "rank";

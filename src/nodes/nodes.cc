@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "contract/front_end.h"
+#include "contract/rank_env.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::nodes {
@@ -281,8 +282,8 @@ std::pair<std::string, std::uint16_t> parse_endpoint(std::string_view text, std:
 }
 
 bool nodes_may_be_here(const Options& options, const EnvLookup& env) {
-  return options.backend == "sim" && options.node_rank < 0 && options.rdzv_endpoint.empty() &&
-         options.rdzv_id.empty() && !detect(env).has_value();
+  return options.backend == contract::kSimBackend && options.node_rank < 0 &&
+         options.rdzv_endpoint.empty() && options.rdzv_id.empty() && !detect(env).has_value();
 }
 
 bool folds_nodes(const Options& options, const EnvLookup& env) {

@@ -368,7 +368,7 @@ void run_rank() {
     }
     bind_rank_device();
     // A simulated GPU's work, timed as on the node's (a GPU's own is what it is).
-    if (env.backend == "sim") time_operators();
+    if (env.backend == contract::kSimBackend) time_operators();
     write_result(entry(function, record.signature, record.args), record.max_payload_bytes);
   } catch (const serialize::RecordTooLarge& e) {
     fail("sgpu::ResultTooLarge", std::string("result ") + e.what());

@@ -101,6 +101,8 @@ TEST(RankEnvironment, PythonsNamesAreTheContracts) {
       << names;
   EXPECT_NE(names.find("ROLE = \"SGPU_ROLE\"\n"), std::string::npos);
   EXPECT_NE(names.find("WORKER_ROLE = \"worker\"\n"), std::string::npos);
+  EXPECT_NE(names.find("SIM_BACKEND = \"sim\"\n"), std::string::npos);
+  EXPECT_NE(names.find("BACKEND_SETTING = \"SGPU_BACKEND\"\n"), std::string::npos);
 }
 
 TEST(AtomicFile, ReplacesTheContentWholeAndLeavesNothingBeside) {

@@ -18,12 +18,13 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "contract/rank_env.h"
 
 namespace sgpu::cuda {
 
 class CudaBackend final : public backend::Backend {
  public:
-  std::string_view name() const override { return "cuda"; }
+  std::string_view name() const override { return contract::kCudaBackend; }
   backend::Inventory inventory(const Options& options) const override;
   std::string device(int device_index) const override {
     return "cuda:" + std::to_string(device_index);

@@ -6,6 +6,7 @@
 #include "backend/selection.h"
 #include "contract/front_end.h"
 #include "contract/option_table.h"
+#include "contract/rank_env.h"
 #include "sgpu/errors.h"
 
 namespace sgpu::backend {
@@ -39,11 +40,11 @@ const Backend& find_backend(std::string_view name) {
 }
 
 const Backend& rank_backend(const contract::RankEnvironment& env) {
-  return find_backend(env.backend.empty() ? "sim" : env.backend);
+  return find_backend(env.backend.empty() ? contract::kSimBackend : env.backend);
 }
 
 void check_backend_name(std::string_view name) {
-  if (name != "auto" && name != "cuda" && name != "sim") {
+  if (name != "auto" && name != contract::kCudaBackend && name != contract::kSimBackend) {
     find_backend(name);  // ConfigError naming the backends there are
   }
 }
@@ -53,7 +54,7 @@ const Backend& choose_backend(const Options& options) {
   if (name != "auto") return find_backend(name);
   std::string reasons;
   for (const BackendEntry& entry : backend_table()) {
-    if (entry.name == "sim") continue;  // auto never picks simulated GPUs
+    if (entry.name == contract::kSimBackend) continue;  // auto never picks simulated GPUs
     const Backend& candidate = find_backend(entry.name);
     const Inventory inventory = candidate.inventory(options);
     if (!inventory.gpus.empty()) return candidate;
