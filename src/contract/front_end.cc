@@ -16,6 +16,14 @@ std::string flag_of(std::string_view setting) {
   return row != nullptr && !row->flag.empty() ? std::string(row->flag) : std::string(setting);
 }
 
+// An Options member as C++ names it: the simulated backend's rows (sim_node) are the fields
+// of Options::sim (sim.node).
+std::string member_of(std::string_view setting) {
+  constexpr std::string_view kSim = "sim_";
+  if (setting.starts_with(kSim)) return "sim." + std::string(setting.substr(kSim.size()));
+  return std::string(setting);
+}
+
 }  // namespace
 
 void set_front_end(FrontEnd front_end) { g_front_end = front_end; }
@@ -24,14 +32,15 @@ FrontEnd front_end() { return g_front_end; }
 std::string spell(std::string_view setting, std::string_view value) {
   if (front_end() == FrontEnd::kCommand) return flag_of(setting) + " " + std::string(value);
   const bool number = !value.empty() && value.find_first_not_of("0123456789") == value.npos;
-  return std::string(setting) + "=" +
-         (number ? std::string(value) : "\"" + std::string(value) + "\"");
+  const std::string name =
+      front_end() == FrontEnd::kPython ? std::string(setting) : member_of(setting);
+  return name + "=" + (number ? std::string(value) : "\"" + std::string(value) + "\"");
 }
 
 std::string spell(std::string_view setting) {
   if (front_end() == FrontEnd::kCommand) return flag_of(setting);
   if (front_end() == FrontEnd::kPython) return std::string(setting);
-  return "Options::" + std::string(setting);
+  return "Options::" + member_of(setting);
 }
 
 std::string spell_no_timeout() {
@@ -55,7 +64,7 @@ std::string spell_none(std::string_view setting) {
     case FrontEnd::kCpp:
       break;
   }
-  return "Options::" + std::string(setting) + " = sgpu::kNoTimeout";
+  return "Options::" + member_of(setting) + " = sgpu::kNoTimeout";
 }
 
 }  // namespace sgpu::contract

@@ -3,8 +3,9 @@
 // what to do. Advice names a setting the way the caller writes it: spell("backend",
 // "sim") is `backend="sim"` in C++ and `--backend sim` for the sgpu command, which says
 // so with set_front_end(kCommand) before it calls anything, and `backend="sim"` for the
-// Python decorator (kPython: its keyword arguments). Settings are named as sgpu::Options'
-// members, which the decorator's keywords mirror.
+// Python decorator (kPython: its keyword arguments). Settings are named as the option
+// table's rows, which the decorator's keywords are; in C++ the simulated backend's rows are
+// the fields of Options::sim (spell("sim_compute", "shapes") is `sim.compute="shapes"`).
 #pragma once
 
 #include <string>

@@ -271,6 +271,16 @@ TEST(OptionTable, AdviceForTheCommandSpellsTheRowsFlag) {
   sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCpp);
 }
 
+TEST(OptionTable, AdviceInCppNamesTheSimulatedBackendsFieldsOfOptionsSim) {
+  EXPECT_EQ(sgpu::contract::spell("sim_compute", "shapes"), "sim.compute=\"shapes\"");
+  EXPECT_EQ(sgpu::contract::spell("sim_fold"), "Options::sim.fold");
+  EXPECT_EQ(sgpu::contract::spell("timeout"), "Options::timeout");
+  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
+  EXPECT_EQ(sgpu::contract::spell("sim_compute", "shapes"), "sim_compute=\"shapes\"");
+  EXPECT_EQ(sgpu::contract::spell("sim_fold"), "sim_fold");
+  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCpp);
+}
+
 TEST(OptionTable, TheManualsTablesAreTheTables) {
   std::ifstream in(std::string(SGPU_TEST_SOURCE_DIR) + "/docs/options.md");
   std::stringstream text;

@@ -56,11 +56,11 @@ TEST(ConfigError, ZeroOrNegativeTimeout) {
 TEST(ConfigError, ShapeOnlyComputeIsForPythonFunctionsAndNamesItsValues) {
   auto o = sim();
   o.sim.compute = "shapes";
-  expect_has(error_of<sgpu::ConfigError>(o), "sim_compute=\"shapes\" is for Python code");
+  expect_has(error_of<sgpu::ConfigError>(o), "sim.compute=\"shapes\" is for Python code");
   expect_has(error_of<sgpu::ConfigError>(o), "a C++ function's ranks compute on data");
   o.sim.compute = "fake";
   expect_has(error_of<sgpu::ConfigError>(o),
-             "sim_compute=\"fake\" is not what simulated ranks compute: use \"values\"");
+             "sim.compute=\"fake\" is not what simulated ranks compute: use \"values\"");
   o.sim.compute.clear();
   ::setenv("SGPU_SIM_COMPUTE", "shape", 1);
   expect_has(error_of<sgpu::ConfigError>(o),
@@ -104,7 +104,7 @@ TEST(ConfigError, BadSimulatedNode) {
 TEST(ConfigError, UnknownSimulatedTransport) {
   auto o = sim();
   o.sim.transport = "tcp";
-  expect_has(error_of<sgpu::ConfigError>(o), "sim_transport=\"tcp\" is not a transport");
+  expect_has(error_of<sgpu::ConfigError>(o), "sim.transport=\"tcp\" is not a transport");
   o.sim.transport.clear();
   ::setenv("SGPU_SIM_TRANSPORT", "ib", 1);
   expect_has(error_of<sgpu::ConfigError>(o), "SGPU_SIM_TRANSPORT=ib is not \"shm\" or \"gloo\"");
