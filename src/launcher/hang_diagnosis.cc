@@ -52,7 +52,7 @@ auto signature(const CollectiveEntry& e) {
 
 struct Member {
   int rank = 0;
-  const RankView* view = nullptr;
+  const RankView* view = nullptr;               // none for a rank not launched here
   std::vector<const CollectiveEntry*> entries;  // the group's collectives, by seq
 };
 
@@ -113,6 +113,7 @@ std::string ended(const Member& member) {
 struct Attendance {
   std::vector<int> missing;  // never entered it
   std::vector<int> in_it;    // in flight in it
+  std::vector<int> unseen;   // no view here: another node's, or one a folded world's stand for
   std::int64_t waited_since = 0;
 };
 
@@ -120,6 +121,10 @@ Attendance attendance(const Group& group, std::uint64_t seq, std::int64_t now_ns
   Attendance a;
   a.waited_since = now_ns;
   for (const Member& m : group.members) {
+    if (m.view == nullptr) {
+      a.unseen.push_back(m.rank);
+      continue;
+    }
     const std::uint64_t entered = m.entries.empty() ? 0 : m.entries.back()->seq;
     if (entered < seq) {
       a.missing.push_back(m.rank);
@@ -245,6 +250,14 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
     return d;
   }
   d.kind = Diagnosis::Kind::kStuck;
+  if (!a.unseen.empty()) {
+    d.verdict = "every rank" + where(group) + " seen here entered collective " + number + " (" +
+                what + ") with the same arguments, and it has not completed on " +
+                list_ranks(a.in_it) + " after " + waited + "; the rings of " +
+                list_ranks(a.unseen) +
+                " are not on this node (another node's verdict names its own ranks).";
+    return d;
+  }
   d.verdict = "every rank" + where(group) + " entered collective " + number + " (" + what +
               ") with the same arguments, and it has not completed on " + list_ranks(a.in_it) +
               " after " + waited + ": the transport is stuck.";

@@ -179,6 +179,34 @@ TEST(Verdict, AMissingRankBesideRanksThatDisagreeSaysBoth) {
       << d.verdict;
 }
 
+// A launch that sees ranks 0 and 1 of a world of 4 (another node's ranks, or those a folded
+// world's ranks stand for, have no view here).
+std::vector<RankView> half_of_four(bool rank_1_enters) {
+  auto views = ranks(2, 1, [&](int rank, auto& entries) {
+    if (rank == 0 || rank_1_enters) entries.push_back(all_reduce(2, EntryState::kInFlight));
+  });
+  for (RankView& view : views) view.ring->groups[0] = {"world", 4, view.rank, {0, 1, 2, 3}};
+  return views;
+}
+
+TEST(Verdict, ARankWithNoViewHereIsNeverNamedMissing) {
+  const Diagnosis d = sgpu::launcher::diagnose(half_of_four(false), kNow);
+  EXPECT_EQ(d.kind, Diagnosis::Kind::kMissing);
+  EXPECT_EQ(d.culprits, std::vector<int>{1});
+  EXPECT_EQ(d.verdict.rfind("rank 1 never entered collective #2", 0), 0u) << d.verdict;
+  EXPECT_EQ(d.verdict.find("rank 2"), std::string::npos) << d.verdict;
+}
+
+TEST(Verdict, EveryRankSeenInTheCollectiveSaysWhoseRingsAreElsewhere) {
+  const Diagnosis d = sgpu::launcher::diagnose(half_of_four(true), kNow);
+  EXPECT_EQ(d.kind, Diagnosis::Kind::kStuck);
+  EXPECT_TRUE(d.culprits.empty());
+  EXPECT_NE(d.verdict.find("every rank seen here entered collective #2"), std::string::npos)
+      << d.verdict;
+  EXPECT_NE(d.verdict.find("the rings of ranks 2, 3 are not on this node"), std::string::npos)
+      << d.verdict;
+}
+
 TEST(Verdict, TheLongestInFlightIsTheOldestEntry) {
   auto views = ranks(3, 1, [](int rank, auto& entries) {
     entries.push_back(all_reduce(2, EntryState::kInFlight));

@@ -769,3 +769,27 @@ def test_a_fault_in_a_folded_world_acts_on_a_rank_that_runs_and_is_refused_on_on
         "0 to 1 stand for every node's, and rank 3 runs as a second of its place (--sim-fold); " \
         "plan the fault on one of those, or run the world unfolded" in standing.stderr, \
         standing.stderr
+
+
+def test_a_hang_in_a_folded_world_names_the_rank_that_runs_and_not_those_stood_for(tmp_path):
+    # 2 nodes of 2 folded: ranks 0, 1 and 3 run, rank 2 only stands in the world, with no ring
+    # of its own. Rank 1 hangs before its second all-reduce: the verdict names it alone.
+    program = script(tmp_path, """
+        import os
+        import torch
+        import torch.distributed as dist
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4, device="cuda"))
+        dist.destroy_process_group()
+        """)
+    env = dict(os.environ, SGPU_TRACKING="off", SGPU_RUNS_DIR=str(tmp_path / "runs"),
+               SGPU_SIM_FAULTS="rank=1:hang@collective=2", SGPU_HANG_TIMEOUT="2")
+    done = subprocess.run([SGPU, "run", "--backend", "sim", "--nproc-per-node", "2", "--nnodes",
+                           "2", "--sim-compute", "shapes", "--sim-fold", "--", *program], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0
+    assert " hung: rank 1 never entered collective #2 (all_reduce of 4 float32 (sum)): ranks 0, " \
+        "3 have waited in it for " in done.stderr, done.stderr
+    assert "Rank 2" not in done.stderr.split("each rank's last collectives")[0], done.stderr
