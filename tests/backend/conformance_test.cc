@@ -273,7 +273,7 @@ TEST(BackendQuestions, OnlySimsShapeOnlyComputeComputesShapes) {
     sim.computes_shapes(options);
     ADD_FAILURE() << "\"rows\" was taken for what ranks compute";
   } catch (const sgpu::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("sim_compute"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sim.compute=\"rows\""), std::string::npos) << e.what();
   }
 }
 
