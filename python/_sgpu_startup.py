@@ -84,7 +84,7 @@ if _wanted():
 
 def _serverless_gpu_setting() -> str:
     """SGPU_SERVERLESS_GPU's text, "on" when unset or empty (as the option table reads it)."""
-    return os.environ.get("SGPU_SERVERLESS_GPU") or "on"
+    return os.environ.get(_rank_env.SERVERLESS_GPU_SETTING) or "on"
 
 
 class _StandIns:

@@ -31,6 +31,8 @@ import os
 
 import pytest
 
+import _sgpu_rank_env as _rank_env
+
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("sgpu", "sgpu: distributed calls on real or simulated GPUs")
@@ -47,9 +49,9 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     node = early_config.known_args_namespace.sgpu_node
     # Set for the whole session, so that ranks and subprocesses see them too.
     if backend:
-        os.environ["SGPU_BACKEND"] = backend
+        os.environ[_rank_env.BACKEND_SETTING] = backend
     if node:
-        os.environ["SGPU_SIM"] = node
+        os.environ[_rank_env.SIM_NODE_SETTING] = node
         if backend in (None, "sim"):
             import sgpu
 
@@ -119,7 +121,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tally = _GPU_TESTS
     if not tally["ran"] and not tally["skipped"]:
         return
-    where = os.environ.get("SGPU_BACKEND") or "this machine"
+    where = os.environ.get(_rank_env.BACKEND_SETTING) or "this machine"
     if where == "sim":
         where = f"the simulated node {os.environ.get('SGPU_SIM') or '8xH100'}"
     skipped = sum(tally["skipped"].values())
@@ -188,7 +190,7 @@ def _advise_the_flag(error: BaseException | None, backend: str | None) -> None:
     import re
 
     error = _sgpu_error(error)
-    if error is None or not backend or os.environ.get("SGPU_BACKEND") != backend:
+    if error is None or not backend or os.environ.get(_rank_env.BACKEND_SETTING) != backend:
         return
     if len(error.args) != 1 or not isinstance(error.args[0], str):
         return

@@ -136,7 +136,7 @@ def install() -> bool:
         return False
     ledger = _native.node_memory_name()  # what the processes started from here share
     if ledger:
-        os.environ["SGPU_NODE_MEMORY"] = ledger
+        os.environ[_rank_env.NODE_MEMORY] = ledger
     import torch
 
     count = len(_native.cuda_devices())

@@ -16,6 +16,8 @@ import sys
 import traceback
 import types
 
+import _sgpu_rank_env as _rank_env
+
 
 def _qualified_type(error: BaseException) -> str:
     cls = type(error)
@@ -110,7 +112,7 @@ def main() -> None:
         _restore_sources(function, header)
         _native.bind_device()
         _runtime.device_bound()  # cuda on sim, once torch is imported
-        if os.environ.get("SGPU_SIM_COMPUTE") == "shapes":  # the launcher's choice
+        if os.environ.get(_rank_env.SIM_COMPUTE) == "shapes":  # the launcher's choice
             from sgpu import _shapes  # torch's fake tensors only where they are used
 
             with _shapes.shapes_only():

@@ -15,6 +15,8 @@ every interpreter and must not stop one that never imports them.
 
 import os
 
+import _sgpu_rank_env as _rank_env
+
 import sgpu
 from sgpu import _native
 from sgpu.errors import ConfigError
@@ -37,7 +39,7 @@ def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options
     GPUType.H100; checked against the node), and `remote` (False: this node's GPUs; True:
     GPUs Databricks provisions, which on the sim backend are simulated nodes in this process:
     one GPU a node for A10, as Databricks gives, else nodes of the simulated node's size)."""
-    if remote and _native.backend_of(options) != "sim":
+    if remote and _native.backend_of(options) != _rank_env.SIM_BACKEND:
         raise ConfigError(
             "remote=True asks Databricks to provision remote GPUs, which sgpu does not do on "
             "GPUs: it runs on this node's GPUs (remote=False), and simulates remote nodes on "
@@ -45,7 +47,7 @@ def distributed(gpus: int = None, gpu_type=None, remote: bool = False, **options
             "start the program under `sgpu run` on each, under Slurm or MPI (sgpu's "
             "docs/cli.md, 'Several nodes')")
     if remote and str(gpu_type or "").upper() == "A10" and "sim_node" not in options \
-            and not os.environ.get("SGPU_SIM"):
+            and not os.environ.get(_rank_env.SIM_NODE_SETTING):
         options["sim_node"] = "1xA10"
     if gpus is not None:
         options["gpus"] = gpus
