@@ -253,9 +253,10 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
   if (!a.unseen.empty()) {
     d.verdict = "every rank" + where(group) + " seen here entered collective " + number + " (" +
                 what + ") with the same arguments, and it has not completed on " +
-                list_ranks(a.in_it) + " after " + waited + "; the rings of " +
-                list_ranks(a.unseen) +
-                " are not on this node (another node's verdict names its own ranks).";
+                list_ranks(a.in_it) + " after " + waited + "; " + list_ranks(a.unseen) +
+                (a.unseen.size() == 1 ? " has" : " have") +
+                " no ring here (they run on other nodes, or a folded world's ranks stand for "
+                "them).";
     return d;
   }
   d.verdict = "every rank" + where(group) + " entered collective " + number + " (" + what +
