@@ -20,8 +20,8 @@ def _on_node() -> bool:
     interpreter starts (under `sgpu sim`, in a notebook kernel started so, in what such a
     process starts). sgpu's own roles (a rank, a fork server) see to themselves."""
     env = os.environ
-    return (env.get(_rank_env.BACKEND_SETTING) == _rank_env.SIM_BACKEND and _rank_env.ROLE not in env
-            and not env.get(_rank_env.RANK_DIR))
+    return (env.get(_rank_env.BACKEND_SETTING) == _rank_env.SIM_BACKEND
+            and _rank_env.ROLE not in env and not env.get(_rank_env.RANK_DIR))
 
 
 # The words sgpu's option table takes for on and off (src/contract/option_table.cc; the native

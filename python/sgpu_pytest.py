@@ -52,7 +52,7 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
         os.environ[_rank_env.BACKEND_SETTING] = backend
     if node:
         os.environ[_rank_env.SIM_NODE_SETTING] = node
-        if backend in (None, "sim"):
+        if backend in (None, _rank_env.SIM_BACKEND):
             import sgpu
 
             sgpu.simulate(node)
@@ -122,8 +122,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not tally["ran"] and not tally["skipped"]:
         return
     where = os.environ.get(_rank_env.BACKEND_SETTING) or "this machine"
-    if where == "sim":
-        where = f"the simulated node {os.environ.get('SGPU_SIM') or '8xH100'}"
+    if where == _rank_env.SIM_BACKEND:
+        from sgpu import _native
+
+        where = f"the simulated node {_native.node_spec()}"
     skipped = sum(tally["skipped"].values())
     terminalreporter.write_sep("-", "sgpu: tests that ask for a GPU")
     terminalreporter.write_line(f"{tally['ran']} ran on {where}; {skipped} still skipped")
