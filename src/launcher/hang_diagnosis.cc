@@ -250,18 +250,15 @@ Diagnosis judge(const Group& group, std::uint64_t seq, std::int64_t now_ns) {
     return d;
   }
   d.kind = Diagnosis::Kind::kStuck;
-  if (!a.unseen.empty()) {
-    d.verdict = "every rank" + where(group) + " seen here entered collective " + number + " (" +
-                what + ") with the same arguments, and it has not completed on " +
-                list_ranks(a.in_it) + " after " + waited + "; " + list_ranks(a.unseen) +
-                (a.unseen.size() == 1 ? " has" : " have") +
-                " no ring here (they run on other nodes, or a folded world's ranks stand for "
-                "them).";
-    return d;
-  }
-  d.verdict = "every rank" + where(group) + " entered collective " + number + " (" + what +
+  const bool seen_only = !a.unseen.empty();
+  d.verdict = "every rank" + where(group) + (seen_only ? " seen here" : "") +
+              " entered collective " + number + " (" + what +
               ") with the same arguments, and it has not completed on " + list_ranks(a.in_it) +
-              " after " + waited + ": the transport is stuck.";
+              " after " + waited;
+  d.verdict += seen_only ? "; " + list_ranks(a.unseen) + (a.unseen.size() == 1 ? " has" : " have") +
+                               " no ring here (they run on other nodes, or a folded world's ranks "
+                               "stand for them)."
+                         : ": the transport is stuck.";
   return d;
 }
 
