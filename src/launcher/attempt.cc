@@ -30,7 +30,7 @@ namespace {
 constexpr auto kDrainLimit = std::chrono::seconds(1);
 
 // How long a rank's failure waits for peers that are running but have not entered the
-// collective the verdict is about (Attempt::settled_views).
+// collective the verdict is about (Attempt::settled_diagnosis).
 constexpr auto kLatePeerGrace = std::chrono::seconds(2);
 
 }  // namespace
@@ -175,7 +175,9 @@ bool Attempt::hung() {
 // failure when peers were left in a collective it names a culprit for.
 void Attempt::diagnose(Outcome why) {
   if (call_.options.recorder_entries == 0) return;
-  const Diagnosis d = diagnose_into(settled_views(why), contract::RunFolder{call_.run_dir});
+  std::vector<RankView> views;
+  const Diagnosis d = settled_diagnosis(why, views);
+  write_diagnosis(d, views, contract::RunFolder{call_.run_dir});
   collectives_.verdict = d.verdict;
   collectives_.culprits = d.culprits;
   collectives_.table = d.table;
@@ -184,17 +186,17 @@ void Attempt::diagnose(Outcome why) {
   }
 }
 
-// The rings to judge. A rank can fail in a collective before a slower peer has entered it
-// (Gloo fails a rank handed another size at once): where the rings name a peer that is still
-// running as never having entered, a rank's failure waits up to kLatePeerGrace for it, so
-// that the verdict weighs what the peer calls rather than its lateness. A hang or a timeout
+// The verdict, and in `views` the rings it judged. A rank can fail in a collective before a slower
+// peer has entered it (Gloo fails a rank handed another size at once): where the rings name a peer
+// that is still running as never having entered, a rank's failure waits up to kLatePeerGrace for
+// it, so that the verdict weighs what the peer calls rather than its lateness. A hang or a timeout
 // has already waited.
-std::vector<RankView> Attempt::settled_views(Outcome why) const {
+Diagnosis Attempt::settled_diagnosis(Outcome why, std::vector<RankView>& views) const {
   const auto until = Clock::now() + kLatePeerGrace;
   for (;;) {
-    std::vector<RankView> views = rank_views();
-    if (why != Outcome::kRankFailed || Clock::now() >= until) return views;
-    const Diagnosis d = launcher::diagnose(views, wall_now_ns());
+    views = rank_views();
+    Diagnosis d = launcher::diagnose(views, wall_now_ns());
+    if (why != Outcome::kRankFailed || Clock::now() >= until) return d;
     const bool late_peer =
         d.kind == Diagnosis::Kind::kMissing &&
         std::any_of(d.culprits.begin(), d.culprits.end(), [&](int rank) {
@@ -202,7 +204,7 @@ std::vector<RankView> Attempt::settled_views(Outcome why) const {
             return slot.rank == rank && slot.pid > 0 && !slot.exit;
           });
         });
-    if (!late_peer) return views;
+    if (!late_peer) return d;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

@@ -90,7 +90,7 @@ class Attempt final : private MonitorHooks {
   void start_ranks();
   std::vector<std::string> rank_env(const RankSlot& slot) const;
   std::vector<RankView> rank_views() const;
-  std::vector<RankView> settled_views(Outcome why) const;
+  Diagnosis settled_diagnosis(Outcome why, std::vector<RankView>& views) const;
   void take_rank_stacks();
   RankFailure row_for(const RankSlot& slot) const;
   std::string result_of(const RankSlot& slot) const;

@@ -162,6 +162,12 @@ void write_flight_recorder_dumps(const std::vector<RankView>& ranks,
 
 Diagnosis diagnose_into(const std::vector<RankView>& ranks, const contract::RunFolder& folder) {
   const Diagnosis d = diagnose(ranks, wall_now_ns());
+  write_diagnosis(d, ranks, folder);
+  return d;
+}
+
+void write_diagnosis(const Diagnosis& d, const std::vector<RankView>& ranks,
+                     const contract::RunFolder& folder) {
   std::string report = d.verdict.empty() ? "" : d.verdict + "\n\n";
   report += d.table + "\n";
   try {
@@ -174,7 +180,6 @@ Diagnosis diagnose_into(const std::vector<RankView>& ranks, const contract::RunF
   } catch (const std::exception&) {
     // The rings stay in the folder.
   }
-  return d;
 }
 
 }  // namespace sgpu::launcher

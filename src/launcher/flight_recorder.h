@@ -24,5 +24,8 @@ void write_flight_recorder_dumps(const std::vector<RankView>& ranks,
 // collectives.txt and as flight-recorder dumps into its flight-recorder/ (what cannot be
 // written is left out: the verdict is returned all the same).
 Diagnosis diagnose_into(const std::vector<RankView>& ranks, const contract::RunFolder& folder);
+// Writes a verdict already reached for `ranks` to `folder` as diagnose_into does.
+void write_diagnosis(const Diagnosis& d, const std::vector<RankView>& ranks,
+                     const contract::RunFolder& folder);
 
 }  // namespace sgpu::launcher
