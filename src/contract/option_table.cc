@@ -462,16 +462,16 @@ const SettingRow kSettings[] = {
      "the `bench_collectives` program `sgpu bench collectives` runs"},
 };
 
+}  // namespace
+
+std::span<const SettingRow> setting_table() { return kSettings; }
+
 const SettingRow& setting_row(std::string_view env) {
   for (const SettingRow& row : kSettings) {
     if (row.env == env) return row;
   }
   throw std::logic_error("no setting is called " + std::string(env));
 }
-
-}  // namespace
-
-std::span<const SettingRow> setting_table() { return kSettings; }
 
 std::optional<OptionValue> setting_value(std::string_view env) {
   const SettingRow& row = setting_row(env);

@@ -121,6 +121,8 @@ struct SettingRow {
 };
 
 std::span<const SettingRow> setting_table();
+// The row whose variable is `env`; std::logic_error where there is none.
+const SettingRow& setting_row(std::string_view env);
 // The setting's variable as its value; nullopt where it is unset or empty. Throws ConfigError
 // naming the variable for a value its row does not take. `env` must name a row.
 std::optional<OptionValue> setting_value(std::string_view env);

@@ -1,9 +1,7 @@
 #include "contract/rank_env.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <sstream>
-#include <stdexcept>
 
 #include "contract/node_memory.h"
 #include "contract/option_table.h"
@@ -118,13 +116,8 @@ std::string python_rank_names() {
     out << name.python << " = \"" << find_option(name.value)->env << "\"\n";
   }
   // A row of the settings' table (NOTE [Settings]), which the hook reads before it can load
-  // sgpu; named here so that the file fails to be made should the row go.
-  const auto settings = setting_table();
-  if (std::none_of(settings.begin(), settings.end(),
-                   [](const SettingRow& row) { return row.env == "SGPU_SERVERLESS_GPU"; })) {
-    throw std::logic_error("the settings' table has no SGPU_SERVERLESS_GPU");
-  }
-  out << "SERVERLESS_GPU_SETTING = \"SGPU_SERVERLESS_GPU\"\n";
+  // sgpu.
+  out << "SERVERLESS_GPU_SETTING = \"" << setting_row("SGPU_SERVERLESS_GPU").env << "\"\n";
   return out.str();
 }
 
