@@ -45,7 +45,7 @@ struct RankFaults {
 // plan names: the others' faults act in no process of it).
 RankFaults* read_faults(int rank, int plan_world) {
   auto* state = new RankFaults;  // outlives any exit path, and any world it was read for
-  const std::string plan = contract::environment_text("sim_faults");
+  const std::string plan = contract::environment_text("sim_faults", contract::kRankSide);
   if (plan.empty()) return state;
   for (const Fault& fault : parse_faults(plan, plan_world)) {
     if (fault.rank == rank) state->faults.push_back(fault);
@@ -247,7 +247,7 @@ std::vector<Fault> faults_of(const Options& options) {
                       ", which does not run in this folded world: node 0's ranks 0 to " +
                       std::to_string(options.gpus - 1) + " stand for every node's, and rank " +
                       std::to_string(world_of(options) - 1) + " runs as a second of its place (" +
-                      contract::spell("sim_fold") +
+                      contract::Spelling(options.front_end)("sim_fold") +
                       "); plan the fault on one of those, or run the world unfolded");
   }
   return faults;
@@ -267,10 +267,11 @@ std::vector<std::string> SimBackend::rank_environment(const Options& options) co
           (computes_shapes(options) ? "shapes" : "values")};
   if (options.sim.fold) {
     if (!computes_shapes(options)) {
-      throw ConfigError(contract::spell("sim_fold") +
+      const contract::Spelling spell(options.front_end);
+      throw ConfigError(spell("sim_fold") +
                         " runs node 0's ranks for every node's, which holds where tensors carry "
                         "shapes only: give it with " +
-                        contract::spell("sim_compute", "shapes"));
+                        spell("sim_compute", "shapes"));
     }
     variables.push_back(std::string(contract::find_option("sim_fold")->env) + "=on");
   }
@@ -331,7 +332,7 @@ struct FoldedPlace {
 };
 
 std::optional<FoldedPlace> folded_place(const backend::ProcessGroupRequest& request) {
-  if (!contract::environment_flag("sim_fold", false)) return std::nullopt;
+  if (!contract::environment_flag("sim_fold", false, contract::kRankSide)) return std::nullopt;
   const contract::RankEnvironment env = contract::read_rank_environment();
   if (env.local_world_size <= 0 || env.world_size <= env.local_world_size) return std::nullopt;
   FoldedPlace place{Fold::plan(env.world_size, env.local_world_size), request.members, 0, {}, {}};
@@ -389,7 +390,7 @@ Transport chosen_transport(const Options& options) {
   const bool several_nodes = options.nnodes > 1 && !folded(options);
   // Shared memory does not reach other nodes; Gloo's TCP does.
   if (name.empty()) return several_nodes ? Transport::kGloo : Transport::kShm;
-  const std::string given = contract::spell("sim_transport", name);
+  const std::string given = contract::Spelling(options.front_end)("sim_transport", name);
   if (name == "shm" && several_nodes) {
     throw ConfigError(given + " cannot connect ranks on " + std::to_string(options.nnodes) +
                       " nodes: shared memory stays on one node; use \"gloo\" (or leave the "
@@ -404,7 +405,7 @@ Transport chosen_transport(const Options& options) {
 
 bool computes_shapes(const Options& options) {
   const std::string& name = options.sim.compute;
-  const std::string given = contract::spell("sim_compute", name);
+  const std::string given = contract::Spelling(options.front_end)("sim_compute", name);
   if (name.empty() || name == "values") return false;
   if (name == "shapes") return true;
   throw ConfigError(given +
@@ -412,14 +413,18 @@ bool computes_shapes(const Options& options) {
                     "hold data) or \"shapes\" (a Python rank's tensors carry shapes and no data)");
 }
 
-bool rank_computes_shapes() { return contract::environment_text("sim_compute") == "shapes"; }
+bool rank_computes_shapes() {
+  return contract::environment_text("sim_compute", contract::kRankSide) == "shapes";
+}
 
 const char* transport_name(Transport transport) {
   return transport == Transport::kShm ? "shm" : "gloo";
 }
 
 Transport rank_transport() {
-  return contract::environment_text("sim_transport") == "gloo" ? Transport::kGloo : Transport::kShm;
+  return contract::environment_text("sim_transport", contract::kRankSide) == "gloo"
+             ? Transport::kGloo
+             : Transport::kShm;
 }
 
 const backend::ProcessGroupFactory& SimBackend::process_groups() const {

@@ -23,7 +23,7 @@ namespace {
 
 // The node of this process's environment: in a rank, the one its launcher resolved (SGPU_SIM).
 std::string rank_node_spec() {
-  const std::string spec = contract::environment_text("sim_node");
+  const std::string spec = contract::environment_text("sim_node", contract::kRankSide);
   return spec.empty() ? std::string(kDefaultNodeSpec) : spec;
 }
 

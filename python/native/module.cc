@@ -83,10 +83,18 @@ contract::OptionValue option_value(const contract::OptionRow& row, const py::han
   return std::monostate{};
 }
 
+// Options whose errors name settings as Python writes them: the decorator's keywords (NOTE
+// [Front ends]).
+Options python_options() {
+  Options options;
+  options.front_end = FrontEnd::kPython;
+  return options;
+}
+
 // The decorator's keywords (already type-checked by sgpu._decorator against the same
 // table) as sgpu::Options. ConfigError for NaN seconds and a start method there is none of.
 Options options_from(const py::dict& given) {
-  Options options;
+  Options options = python_options();
   for (const auto& [key, value] : given) {
     const std::string name = py::cast<std::string>(key);
     const contract::OptionRow* row = contract::find_option(name);
@@ -374,11 +382,12 @@ std::optional<std::pair<int, int>> nodes_here(const py::dict& given) {
   const int each = static_cast<int>(node.gpus.size());
   if (each == 0 || options.gpus <= each) return std::nullopt;
   if (options.gpus % each != 0) {
+    const contract::Spelling spell(options.front_end);
     throw AcceleratorMismatchError(
         std::to_string(options.gpus) + " GPUs requested on simulated nodes of " + node.summary() +
-        ", which that many do not fill: pass " + contract::spell("gpus", std::to_string(each)) +
+        ", which that many do not fill: pass " + spell("gpus", std::to_string(each)) +
         " or fewer for one node, a multiple of " + std::to_string(each) + " for whole nodes, or " +
-        contract::spell("nnodes") + " with the GPUs each node runs as " + contract::spell("gpus"));
+        spell("nnodes") + " with the GPUs each node runs as " + spell("gpus"));
   }
   return std::make_pair(options.gpus / each, each);
 }
@@ -405,7 +414,13 @@ py::bytes read_call() { return py::bytes(rank::read_call(serialize::RecordKind::
 void bind_device() { rank::bind_rank_device(); }
 
 void write_result(const py::bytes& result, std::size_t limit) {
-  rank::write_result(std::string_view(result), limit);
+  try {
+    rank::write_result(std::string_view(result), limit);
+  } catch (const serialize::RecordTooLarge& e) {
+    raise_as_python("too_large",
+                    std::string(e.what()) + "; " + rank::too_large_advice(FrontEnd::kPython));
+    throw py::error_already_set();
+  }
 }
 
 void write_error(std::string type, std::string message, std::vector<std::string> traceback,
@@ -513,7 +528,8 @@ bool serve_cuda() {
 // Every GPU of the rank's node, as torch.cuda.get_device_properties() describes it.
 py::list cuda_devices() {
   py::list out;
-  for (const Gpu& gpu : rank_backend().inventory(contract::with_environment({})).gpus) {
+  for (const Gpu& gpu :
+       rank_backend().inventory(contract::with_environment(python_options())).gpus) {
     const backend::GpuModel* model = backend::find_gpu_model(gpu.type);
     py::dict d;
     d["index"] = gpu.index;
@@ -677,7 +693,7 @@ void bind_caller_side(py::module_& m) {
   // `unset` where unset; ConfigError naming the variable for a word that is neither on nor off.
   m.def("environment_flag", [](const std::string& name, bool unset) {
     if (contract::find_option(name) == nullptr) throw ConfigError("unknown option " + name);
-    return contract::environment_flag(name, unset);
+    return contract::environment_flag(name, unset, FrontEnd::kPython);
   });
   // A text setting's variable (NOTE [Settings]): "" where unset.
   m.def("setting_text", [](const std::string& env) { return contract::setting_text(env); });
@@ -770,9 +786,6 @@ PYBIND11_MODULE(_native, m) {
   using namespace sgpu::python;
   m.doc() = "sgpu's C++ core (launcher, rank side, process groups); use the sgpu package";
   py::register_exception_translator(translate);
-  // Advice in every error of this process (a caller's checks, a Python rank's) spells
-  // settings as Python writes them: the decorator's keywords (NOTE [Front ends]).
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
   // torch's own store clients in this process too (env:// in a rank, a user's TCPStore).
   sgpu::rendezvous::name_mapped_peers_as_ipv4();  // NOTE [Store peers' names]
   m.def("name_mapped_peers_as_ipv4", &sgpu::rendezvous::name_mapped_peers_as_ipv4);

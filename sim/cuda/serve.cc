@@ -58,7 +58,7 @@ void install_reducer_timer() {
 
 }  // namespace
 
-bool enabled() { return contract::environment_flag("sim_cuda", true); }
+bool enabled() { return contract::environment_flag("sim_cuda", true, contract::kRankSide); }
 
 void serve(const backend::Inventory& node, int device_index) {
   if (g_served.load() != 0) {

@@ -27,22 +27,24 @@ std::string Inventory::summary() const {
 
 namespace sgpu::backend {
 
-std::string backend_advice(std::string_view backend) {
-  const std::string env = contract::environment_text("backend");
-  if (env.empty()) return "pass " + contract::spell("backend", backend);
+std::string backend_advice(std::string_view backend, FrontEnd front_end) {
+  const contract::Spelling spell(front_end);
+  const std::string env = contract::environment_text("backend", front_end);
+  if (env.empty()) return "pass " + spell("backend", backend);
   return "set SGPU_BACKEND=" + std::string(backend) + " (SGPU_BACKEND=" + env +
-         " decides the backend here, whatever " + contract::spell("backend") + " says)";
+         " decides the backend here, whatever " + spell("backend") + " says)";
 }
 
 Selection select_devices(const Inventory& inventory, int gpus, const std::string& gpu_type,
-                         std::string_view backend_name) {
+                         std::string_view backend_name, FrontEnd front_end) {
+  const contract::Spelling spell(front_end);
   const std::string node = inventory.summary();
   Selection selection;
   if (inventory.gpus.empty()) {
     throw AcceleratorMismatchError(std::to_string(gpus) + " GPU(s) requested but backend \"" +
                                    std::string(backend_name) + "\" offers none (" +
                                    inventory.unavailable_reason + "). Run on a GPU node, or " +
-                                   backend_advice("sim") + " to simulate one");
+                                   backend_advice("sim", front_end) + " to simulate one");
   }
   if (!gpu_type.empty()) {
     const auto type = parse_gpu_type(gpu_type);
@@ -50,7 +52,7 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
       throw AcceleratorMismatchError("unknown gpu_type \"" + gpu_type +
                                      "\"; known types: " + known_gpu_types_text() +
                                      ". This node has " + node + "; pass one of those, or leave " +
-                                     contract::spell("gpu_type") + " unset to detect it");
+                                     spell("gpu_type") + " unset to detect it");
     }
     for (const Gpu& gpu : inventory.gpus) {
       if (gpu.type == *type) selection.device_indices.push_back(gpu.index);
@@ -58,22 +60,21 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
     if (selection.device_indices.empty()) {
       throw AcceleratorMismatchError(
           "gpu_type \"" + *type + "\" requested but this node has " + node + "; pass " +
-          contract::spell("gpu_type", inventory.gpus.front().type) +
+          spell("gpu_type", inventory.gpus.front().type) +
           " or leave it unset to auto-detect, or run on a node with " + *type + " GPUs");
     }
     if (static_cast<int>(selection.device_indices.size()) < gpus) {
       throw AcceleratorMismatchError(
           std::to_string(gpus) + " x " + *type + " requested but this node has " + node +
           ", that is " + std::to_string(selection.device_indices.size()) + " x " + *type +
-          "; pass " + contract::spell("gpus", std::to_string(selection.device_indices.size())) +
-          " or fewer");
+          "; pass " + spell("gpus", std::to_string(selection.device_indices.size())) + " or fewer");
     }
     selection.gpu_type = *type;
   } else {
     if (static_cast<int>(inventory.gpus.size()) < gpus) {
-      throw AcceleratorMismatchError(std::to_string(gpus) + " GPUs requested but this node has " +
-                                     node + "; pass gpus=" + std::to_string(inventory.gpus.size()) +
-                                     " or fewer");
+      throw AcceleratorMismatchError(
+          std::to_string(gpus) + " GPUs requested but this node has " + node + "; pass " +
+          spell("gpus", std::to_string(inventory.gpus.size())) + " or fewer");
     }
     const std::string& first = inventory.gpus.front().type;
     for (const Gpu& gpu : inventory.gpus) {
@@ -82,7 +83,8 @@ Selection select_devices(const Inventory& inventory, int gpus, const std::string
     if (static_cast<int>(selection.device_indices.size()) < gpus) {
       throw AcceleratorMismatchError(
           std::to_string(gpus) + " GPUs requested without a gpu_type on a node that mixes types (" +
-          node + "); pass gpu_type to say which, with at most as many GPUs as the node has of it");
+          node + "); name one in " + spell("gpu_type") +
+          ", with at most as many GPUs as the node has of it");
     }
     selection.gpu_type = first;
   }

@@ -28,7 +28,6 @@
 #include "cli/model_command.h"
 #include "cli/run_flags.h"
 #include "cli/sim_command.h"
-#include "contract/front_end.h"
 #include "contract/option_table.h"
 #include "nodes/node_link.h"
 #include "nodes/nodes.h"
@@ -52,13 +51,13 @@ int info() {
   std::cout << "\n";
   // The engine this process runs under, and the place `sgpu run` would take.
   try {
-    const sgpu::nodes::NodePlan plan = sgpu::nodes::plan_nodes(sgpu::Options{});
+    const sgpu::nodes::NodePlan plan = sgpu::nodes::plan_nodes(sgpu::cli::command_options());
     std::cout << "nodes: " << (plan.engine.empty() ? "no engine detected" : plan.engine);
     std::cout << "; sgpu run would be " << plan.describe() << "\n";
   } catch (const sgpu::ConfigError& e) {
     std::cout << "nodes: " << e.what() << "\n";
   }
-  sgpu::Options options;
+  sgpu::Options options = sgpu::cli::command_options();
   try {
     options = sgpu::contract::with_environment(options);  // SGPU_SIM, say
   } catch (const sgpu::ConfigError& e) {
@@ -241,8 +240,6 @@ void add_tracking_command(CLI::App& app, std::string& sync_dir) {
 
 int main(int argc, char** argv) {
   sgpu::init(argc, argv);
-  // Advice in messages names this command's flags (NOTE [Front ends]).
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCommand);
   // A node of a launch that loses node 0's store says so in its own words.
   sgpu::nodes::quiet_store_warnings();
   CLI::App app{"sgpu: run one program or function on every GPU of a node, real or simulated"};
@@ -281,7 +278,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("model")) return run_model();
   if (app.got_subcommand("sim")) return run_sim();
   if (app.got_subcommand("tracking")) {
-    sgpu::Options where;
+    sgpu::Options where = sgpu::cli::command_options();
     where.runs_dir = sync_dir;
     return sync_tracking(sgpu::runs_dir_of(where));
   }

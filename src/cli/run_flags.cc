@@ -90,8 +90,14 @@ void add_run_command(CLI::App& app, RunFlags& flags) {
   run->add_option("command", flags.command, "PROGRAM ARGS... (after --)")->required();
 }
 
-std::optional<Options> options_of(const RunFlags& flags) {
+Options command_options() {
   Options options;
+  options.front_end = FrontEnd::kCommand;
+  return options;
+}
+
+std::optional<Options> options_of(const RunFlags& flags) {
+  Options options = command_options();
   for (const OptionRow& row : contract::option_table()) {
     if (row.flag.empty()) continue;
     const std::string name(row.name);

@@ -26,4 +26,8 @@ void add_run_command(CLI::App& app, RunFlags& flags);
 // is no value of its kind. The options' own checks come later, with the call.
 std::optional<Options> options_of(const RunFlags& flags);
 
+// Options whose errors name settings as this command's flags (NOTE [Front ends]): every
+// Options the command makes starts here.
+Options command_options();
+
 }  // namespace sgpu::cli

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend_table.h"
+#include "cli/run_flags.h"
 #include "contract/node_memory.h"
 #include "contract/option_table.h"
 #include "contract/process_tree.h"
@@ -56,7 +57,8 @@ Options node_environment(const SimFlags& flags) {
   if (!flags.faults.empty()) ::setenv("SGPU_SIM_FAULTS", flags.faults.c_str(), 1);
   if (!flags.hang_timeout.empty()) ::setenv("SGPU_HANG_TIMEOUT", flags.hang_timeout.c_str(), 1);
   ::setenv("SGPU_BACKEND", contract::kSimBackend, 1);
-  Options options = contract::with_environment({});  // every SGPU_* variable checked
+  // Every SGPU_* variable checked.
+  Options options = contract::with_environment(command_options());
   // The node spec parsed, the plan checked (its ranks are the worlds', which may have any
   // number); a world's collectives are predicted on the node's platform, as a call's are.
   Options checked = options;
@@ -159,7 +161,7 @@ int supervise(const SimFlags& flags, const Options& options, const std::filesyst
               << std::endl;
     return kSimCannotStart;
   }
-  launcher::NodeWatch watch({dir, options.hang_timeout, options.teardown_grace});
+  launcher::NodeWatch watch({dir, options.hang_timeout, options.teardown_grace, options.front_end});
   std::optional<int> status;
   while (!status) {
     pollfd fd{signal_fd.get(), POLLIN, 0};

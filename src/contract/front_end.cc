@@ -1,13 +1,9 @@
 #include "contract/front_end.h"
 
-#include <atomic>
-
 #include "contract/option_table.h"
 
 namespace sgpu::contract {
 namespace {
-
-std::atomic<FrontEnd> g_front_end{FrontEnd::kCpp};
 
 // The sgpu command's flag for an Options member (NOTE [The option table]); the member's
 // name where the command has none.
@@ -26,25 +22,22 @@ std::string member_of(std::string_view setting) {
 
 }  // namespace
 
-void set_front_end(FrontEnd front_end) { g_front_end = front_end; }
-FrontEnd front_end() { return g_front_end; }
-
-std::string spell(std::string_view setting, std::string_view value) {
-  if (front_end() == FrontEnd::kCommand) return flag_of(setting) + " " + std::string(value);
+std::string Spelling::operator()(std::string_view setting, std::string_view value) const {
+  if (front_end_ == FrontEnd::kCommand) return flag_of(setting) + " " + std::string(value);
   const bool number = !value.empty() && value.find_first_not_of("0123456789") == value.npos;
   const std::string name =
-      front_end() == FrontEnd::kPython ? std::string(setting) : member_of(setting);
+      front_end_ == FrontEnd::kPython ? std::string(setting) : member_of(setting);
   return name + "=" + (number ? std::string(value) : "\"" + std::string(value) + "\"");
 }
 
-std::string spell(std::string_view setting) {
-  if (front_end() == FrontEnd::kCommand) return flag_of(setting);
-  if (front_end() == FrontEnd::kPython) return std::string(setting);
+std::string Spelling::operator()(std::string_view setting) const {
+  if (front_end_ == FrontEnd::kCommand) return flag_of(setting);
+  if (front_end_ == FrontEnd::kPython) return std::string(setting);
   return "Options::" + member_of(setting);
 }
 
-std::string spell_no_timeout() {
-  switch (front_end()) {
+std::string Spelling::no_timeout() const {
+  switch (front_end_) {
     case FrontEnd::kCommand:
       return "--timeout none";
     case FrontEnd::kPython:
@@ -55,8 +48,8 @@ std::string spell_no_timeout() {
   return "sgpu::kNoTimeout";
 }
 
-std::string spell_none(std::string_view setting) {
-  switch (front_end()) {
+std::string Spelling::none(std::string_view setting) const {
+  switch (front_end_) {
     case FrontEnd::kCommand:
       return flag_of(setting) + " none";
     case FrontEnd::kPython:

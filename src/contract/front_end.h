@@ -1,31 +1,41 @@
 // NOTE [Front ends]
-// The same checks serve the C++ API and the sgpu command, and their messages end with
-// what to do. Advice names a setting the way the caller writes it: spell("backend",
-// "sim") is `backend="sim"` in C++ and `--backend sim` for the sgpu command, which says
-// so with set_front_end(kCommand) before it calls anything, and `backend="sim"` for the
-// Python decorator (kPython: its keyword arguments). Settings are named as the option
-// table's rows, which the decorator's keywords are; in C++ the simulated backend's rows are
-// the fields of Options::sim (spell("sim_compute", "shapes") is `sim.compute="shapes"`).
+// The same checks serve the C++ API, the sgpu command and the Python decorator, and their
+// messages end with what to do. Advice names a setting the way its caller writes it, and
+// the caller says who it is in Options::front_end, which travels with the call to every
+// check: Spelling(FrontEnd::kCpp)("backend", "sim") is `backend="sim"`, kCommand's is
+// `--backend sim` (the sgpu command's flags), kPython's `backend="sim"` (the decorator's
+// keywords). Settings are named as the option table's rows, which the decorator's keywords
+// are; in C++ the simulated backend's rows are the fields of Options::sim
+// (spell("sim_compute", "shapes") is `sim.compute="shapes"`). Nothing here is global: a
+// process that serves several front ends (a Python program that calls C++ that calls sgpu)
+// names each call's settings as that call's caller wrote them.
 #pragma once
 
 #include <string>
 #include <string_view>
 
+#include "sgpu/options.h"
+
 namespace sgpu::contract {
 
-enum class FrontEnd { kCpp, kCommand, kPython };
+class Spelling {
+ public:
+  explicit Spelling(FrontEnd front_end) : front_end_(front_end) {}
 
-void set_front_end(FrontEnd front_end);
-FrontEnd front_end();
+  // The setting given `value`: backend="sim" (a number unquoted: gpus=4) / --backend sim.
+  std::string operator()(std::string_view setting, std::string_view value) const;
+  // The setting itself: Options::timeout / --timeout / timeout.
+  std::string operator()(std::string_view setting) const;
+  // How to ask for no timeout: sgpu::kNoTimeout / --timeout none / timeout=None.
+  std::string no_timeout() const;
+  // How to turn off another timeout: --hang-timeout none / hang_timeout=None /
+  // Options::hang_timeout = sgpu::kNoTimeout.
+  std::string none(std::string_view setting) const;
 
-// The setting given `value`: backend="sim" (a number unquoted: gpus=4) / --backend sim.
-std::string spell(std::string_view setting, std::string_view value);
-// The setting itself: Options::timeout / --timeout / timeout.
-std::string spell(std::string_view setting);
-// How to ask for no timeout: sgpu::kNoTimeout / --timeout none / timeout=None.
-std::string spell_no_timeout();
-// How to turn off another timeout: --hang-timeout none / hang_timeout=None /
-// Options::hang_timeout = sgpu::kNoTimeout.
-std::string spell_none(std::string_view setting);
+  FrontEnd front_end() const { return front_end_; }
+
+ private:
+  FrontEnd front_end_;
+};
 
 }  // namespace sgpu::contract

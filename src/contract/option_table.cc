@@ -17,59 +17,66 @@
 namespace sgpu::contract {
 namespace {
 
-[[noreturn]] void refuse_kind(const char* name, const char* kind) {
-  throw ConfigError(std::string(name) + " takes " + kind);
+// The row a value is for, and who gave it (NOTE [Front ends]).
+struct Field {
+  const char* name;
+  FrontEnd front_end;
+};
+
+[[noreturn]] void refuse_kind(Field field, const char* kind) {
+  throw ConfigError(std::string(field.name) + " takes " + kind);
 }
 
 template <class T>
-const T& held_value(const OptionValue& value, const char* name, const char* kind) {
+const T& held_value(const OptionValue& value, Field field, const char* kind) {
   if (const T* held = std::get_if<T>(&value)) return *held;
-  refuse_kind(name, kind);
+  refuse_kind(field, kind);
 }
 
 // A whole number within T's range.
 template <class T>
-T as_whole(const OptionValue& value, const char* name) {
-  const long long number = held_value<long long>(value, name, "a whole number");
+T as_whole(const OptionValue& value, Field field) {
+  const long long number = held_value<long long>(value, field, "a whole number");
   if (number < static_cast<long long>(std::numeric_limits<T>::min()) ||
       static_cast<unsigned long long>(number) > std::numeric_limits<T>::max()) {
-    throw ConfigError(std::string(name) + " is out of range, got " + std::to_string(number));
+    throw ConfigError(std::string(field.name) + " is out of range, got " + std::to_string(number));
   }
   return static_cast<T>(number);
 }
 
-std::string as_text(const OptionValue& value, const char* name) {
-  return held_value<std::string>(value, name, "text");
+std::string as_text(const OptionValue& value, Field field) {
+  return held_value<std::string>(value, field, "text");
 }
 
-bool as_flag(const OptionValue& value, const char* name) {
-  return held_value<bool>(value, name, "true or false");
+bool as_flag(const OptionValue& value, Field field) {
+  return held_value<bool>(value, field, "true or false");
 }
 
 // Seconds that are a number: NaN is refused as what the option must be.
-double as_number_of_seconds(const OptionValue& value, const char* name, const char* kind) {
-  const double seconds = held_value<double>(value, name, kind);
+double as_number_of_seconds(const OptionValue& value, Field field, const char* kind) {
+  const double seconds = held_value<double>(value, field, kind);
   if (std::isnan(seconds)) {
-    throw ConfigError(spell(name) + " must be " + std::string(find_option(name)->must_be) +
-                      ", got nan");
+    throw ConfigError(Spelling(field.front_end)(field.name) + " must be " +
+                      std::string(find_option(field.name)->must_be) + ", got nan");
   }
   return seconds;
 }
 
-std::chrono::milliseconds as_seconds(const OptionValue& value, const char* name) {
-  return duration_of_seconds(as_number_of_seconds(value, name, "seconds"));
+std::chrono::milliseconds as_seconds(const OptionValue& value, Field field) {
+  return duration_of_seconds(as_number_of_seconds(value, field, "seconds"));
 }
 
-Timeout as_timeout(const OptionValue& value, const char* name) {
+Timeout as_timeout(const OptionValue& value, Field field) {
   if (std::holds_alternative<std::monostate>(value)) return kNoTimeout;
-  return timeout_of_seconds(as_number_of_seconds(value, name, "seconds, or none"));
+  return timeout_of_seconds(as_number_of_seconds(value, field, "seconds, or none"));
 }
 
-#define SGPU_SET(member, how) [](Options& o, const OptionValue& v) { o.member = how(v, #member); }
+#define SGPU_SET(member, how) \
+  [](Options& o, const OptionValue& v) { o.member = how(v, Field{#member, o.front_end}); }
 #define SGPU_EMPTY(member) [](const Options& o) { return o.member.empty(); }
 // A row of the simulated backend's SimOptions, named sim_<field>.
 #define SGPU_SET_SIM(field, how) \
-  [](Options& o, const OptionValue& v) { o.sim.field = how(v, "sim_" #field); }
+  [](Options& o, const OptionValue& v) { o.sim.field = how(v, Field{"sim_" #field, o.front_end}); }
 #define SGPU_EMPTY_SIM(field) [](const Options& o) { return o.sim.field.empty(); }
 
 constexpr OptionRow kRows[] = {
@@ -131,7 +138,8 @@ constexpr OptionRow kRows[] = {
        if (std::holds_alternative<std::monostate>(v)) {
          o.console_ranks.reset();
        } else {
-         o.console_ranks = held_value<std::vector<int>>(v, "console_ranks", "a list of ranks");
+         o.console_ranks = held_value<std::vector<int>>(v, Field{"console_ranks", o.front_end},
+                                                        "a list of ranks");
        }
      }},
     {"max_payload_bytes", OptionType::kInt, "a positive int", "256 MiB", "", "",
@@ -142,9 +150,9 @@ constexpr OptionRow kRows[] = {
     {"start_method", OptionType::kString, "\"auto\", \"fork-server\" or \"exec\"", "fork server",
      "SGPU_START_METHOD", "", "how ranks start: `\"fork-server\"` or `\"exec\"`",
      [](Options& o, const OptionValue& v) {
-       const std::string method = as_text(v, "start_method");
+       const std::string method = as_text(v, Field{"start_method", o.front_end});
        if (method != "auto" && method != "exec" && method != "fork-server") {
-         throw ConfigError(spell("start_method") + " must be " +
+         throw ConfigError(Spelling(o.front_end)("start_method") + " must be " +
                            std::string(find_option("start_method")->must_be) + ", got \"" + method +
                            "\"");
        }
@@ -308,11 +316,11 @@ std::optional<OptionValue> variable_value(const VariableRule& rule) {
   }
 }
 
-std::optional<OptionValue> variable_value(const OptionRow& row) {
+std::optional<OptionValue> variable_value(const OptionRow& row, Reader reader) {
   if (row.env.empty()) return std::nullopt;
-  return variable_value(
-      VariableRule{row.env, row.type, row.choices,
-                   " (" + std::string(row.env) + " sets " + spell(row.name) + ")"});
+  const std::string sets =
+      reader ? " (" + std::string(row.env) + " sets " + Spelling(*reader)(row.name) + ")" : "";
+  return variable_value(VariableRule{row.env, row.type, row.choices, sets});
 }
 
 }  // namespace
@@ -363,18 +371,18 @@ OptionValue option_value_of_text(OptionType type, const std::string& text) {
   return text;
 }
 
-std::optional<OptionValue> environment_value(std::string_view name) {
+std::optional<OptionValue> environment_value(std::string_view name, Reader reader) {
   const OptionRow* row = find_option(name);
-  return row != nullptr ? variable_value(*row) : std::nullopt;
+  return row != nullptr ? variable_value(*row, reader) : std::nullopt;
 }
 
-std::string environment_text(std::string_view name) {
-  const std::optional<OptionValue> value = environment_value(name);
+std::string environment_text(std::string_view name, Reader reader) {
+  const std::optional<OptionValue> value = environment_value(name, reader);
   return value ? std::get<std::string>(*value) : std::string();
 }
 
-bool environment_flag(std::string_view name, bool unset) {
-  const std::optional<OptionValue> value = environment_value(name);
+bool environment_flag(std::string_view name, bool unset, Reader reader) {
+  const std::optional<OptionValue> value = environment_value(name, reader);
   return value ? std::get<bool>(*value) : unset;
 }
 
@@ -382,14 +390,15 @@ Options with_environment(Options options) {
   for (const OptionRow& row : kRows) {
     switch (row.env_rule) {
       case EnvRule::kDecides:
-        if (const auto value = variable_value(row)) row.set(options, *value);
+        if (const auto value = variable_value(row, options.front_end)) row.set(options, *value);
         break;
       case EnvRule::kStandsIn:  // a variable the option leaves unused is not read
         if (!row.left_empty(options)) break;
-        if (const auto value = variable_value(row)) row.set(options, *value);
+        if (const auto value = variable_value(row, options.front_end)) row.set(options, *value);
         break;
       case EnvRule::kTurnsOff:
-        if (const auto value = variable_value(row); value && !std::get<bool>(*value)) {
+        if (const auto value = variable_value(row, options.front_end);
+            value && !std::get<bool>(*value)) {
           row.set(options, false);
         }
         break;

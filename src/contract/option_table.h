@@ -87,17 +87,25 @@ OptionValue option_value_of_text(const OptionRow& row, const std::string& text);
 // The same for a value of `type` (a kFraction's: above 0 and at most 1).
 OptionValue option_value_of_text(OptionType type, const std::string& text);
 
+// Who reads a row's variable: a caller, whose errors name the setting the variable stands for
+// as it writes it (NOTE [Front ends]); or kRankSide, a rank or a process on a simulated node
+// reading what its launcher resolved, whose errors name the variable alone, there being no
+// caller's setting to name.
+using Reader = std::optional<FrontEnd>;
+inline constexpr Reader kRankSide = std::nullopt;
+
 // The row's variable as its value; nullopt where the row has none or it is unset or empty.
-// Throws ConfigError naming the variable ("SGPU_SIM_TRANSPORT=ib is not ...") for a value
-// the row does not take. `name` must name a row.
-std::optional<OptionValue> environment_value(std::string_view name);
+// Throws ConfigError naming the variable ("SGPU_SIM_TRANSPORT=ib is not ...") for a value the
+// row does not take. `name` must name a row.
+std::optional<OptionValue> environment_value(std::string_view name, Reader reader);
 // environment_value of a text row: "" where unset.
-std::string environment_text(std::string_view name);
+std::string environment_text(std::string_view name, Reader reader);
 // environment_value of a true-or-false row: `unset` where unset.
-bool environment_flag(std::string_view name, bool unset);
+bool environment_flag(std::string_view name, bool unset, Reader reader);
 
 // `options` as the SGPU_* variables set them, each by its row's rule. Throws ConfigError
-// naming the variable for a value its row does not take.
+// naming the variable for a value its row does not take, and the setting as
+// options.front_end writes it.
 Options with_environment(Options options);
 
 // docs/options.md's table of the options, a row each.

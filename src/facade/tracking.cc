@@ -60,9 +60,10 @@ namespace tracking {
 
 Run::Run(std::string name, std::string experiment, std::string tracking_uri)
     : uncaught_at_start_(std::uncaught_exceptions()) {
-  if (!tracking_enabled_by_environment()) return;
+  if (!tracking_enabled_by_environment(FrontEnd::kCpp)) return;  // a C++ program's scope
   std::optional<OpenedRun> opened =
-      open_run(tracking_uri, experiment, name.empty() ? std::string("sgpu run") : name, {}, {});
+      open_run(tracking_uri, experiment, name.empty() ? std::string("sgpu run") : name, {}, {}, {},
+               FrontEnd::kCpp);  // a C++ program's scope
   if (!opened) return;
   run_id_ = opened->info.run_id;
   experiment_id_ = opened->info.experiment_id;

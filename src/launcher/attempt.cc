@@ -18,6 +18,7 @@
 #include "launcher/rank_environment.h"
 #include "launcher/stacks.h"
 #include "rank/accounting.h"
+#include "rank/rank_protocol.h"
 #include "serialize/memory_record.h"
 #include "serialize/record.h"
 
@@ -260,6 +261,7 @@ CallEnd Attempt::call_end(Outcome outcome, std::string reason) const {
   end.timeout = call_.options.timeout;
   end.hang_timeout = call_.hang_timeout;
   end.reason = std::move(reason);
+  end.front_end = call_.options.front_end;
   end.text = [this](const std::string& headline, const std::vector<RankFailure>& rows) {
     return peers_.failure_text(headline, rows, call_.run_dir);
   };
@@ -309,6 +311,9 @@ std::exception_ptr Attempt::read_results(CallEnd& end, std::vector<std::string>&
                                        [&](auto& r) { return r.rank == slot.rank; });
       row.kind = RankFailure::Kind::kBadResult;
       row.message = e.what();
+      if (dynamic_cast<const serialize::RecordTooLarge*>(&e) != nullptr) {
+        row.message += "; " + rank::too_large_advice(call_.options.front_end);
+      }
       row.root_cause = true;
       return std::make_exception_ptr(
           DistributedError(end.text(failed_headline(end, 1), end.rows), end.rows, call_.run_dir));
@@ -419,8 +424,8 @@ std::string Attempt::folded_summary(bool held, const std::vector<MemoryStats>& m
   return "sgpu: " + std::to_string(slots_.size()) + " processes stood for " +
          std::to_string(world_size()) + " ranks: node 0's, each for its place on every one of " +
          std::to_string(world_nodes()) + " simulated nodes, and rank " +
-         std::to_string(slots_[second].rank) + ", " + did + " (" + contract::spell("sim_fold") +
-         ")\n";
+         std::to_string(slots_[second].rank) + ", " + did + " (" +
+         contract::Spelling(call_.options.front_end)("sim_fold") + ")\n";
 }
 
 // What a rank of a folded world stood for, for its failure's line; "" where the world is not
@@ -430,10 +435,11 @@ std::string Attempt::folded_role(const RankSlot& slot) const {
   if (slot.rank >= call_.options.gpus) {
     return "the second of local rank " + std::to_string(slot.local_rank) + "'s place, on the " +
            "last of " + std::to_string(world_nodes()) + " simulated nodes (" +
-           contract::spell("sim_fold") + ")";
+           contract::Spelling(call_.options.front_end)("sim_fold") + ")";
   }
   return "standing for local rank " + std::to_string(slot.local_rank) + " of every one of " +
-         std::to_string(world_nodes()) + " simulated nodes (" + contract::spell("sim_fold") + ")";
+         std::to_string(world_nodes()) + " simulated nodes (" +
+         contract::Spelling(call_.options.front_end)("sim_fold") + ")";
 }
 
 // A folded world's first of the last place (node 0's) and its second (the world's last
@@ -454,7 +460,7 @@ std::exception_ptr Attempt::folding_unheld() const {
   return std::make_exception_ptr(
       Error("sgpu: the folded world does not hold: " + why + ". Node 0's ranks cannot stand " +
             "for every node's where the program does not run its nodes alike: run it " +
-            "unfolded (without " + contract::spell("sim_fold") + ")"));
+            "unfolded (without " + contract::Spelling(call_.options.front_end)("sim_fold") + ")"));
 }
 
 }  // namespace sgpu::launcher

@@ -25,6 +25,7 @@ std::string rank_failed(const CallEnd& end) {
 }
 
 std::string timed_out(const CallEnd& end) {
+  const contract::Spelling spell(end.front_end);
   std::string running;
   for (const RankFailure& row : end.rows) {
     if (row.kind != RankFailure::Kind::kTimedOut) continue;
@@ -33,8 +34,8 @@ std::string timed_out(const CallEnd& end) {
   const std::string headline =
       "sgpu: " + end.label + " timed out after " +
       std::to_string(end.timeout.value_or(std::chrono::milliseconds(0)).count()) +
-      " ms; ranks still running: " + running + ". Raise " + contract::spell("timeout") +
-      ", or pass " + contract::spell_no_timeout();
+      " ms; ranks still running: " + running + ". Raise " + spell("timeout") + ", or pass " +
+      spell.no_timeout();
   return end.collectives.verdict.empty() ? headline : with_rings(end, headline);
 }
 
@@ -83,12 +84,13 @@ std::exception_ptr make(std::string text, CallEnd& end) {
 }  // namespace
 
 std::string hung_headline(const CallEnd& end) {
+  const contract::Spelling spell(end.front_end);
   const auto limit = end.hang_timeout.value_or(std::chrono::milliseconds(0));
   return "sgpu: " + end.label + " hung: " + end.collectives.verdict + "\n" + end.collectives.table +
-         end.stacks + "\n(" + contract::spell("hang_timeout") + " is " +
+         end.stacks + "\n(" + spell("hang_timeout") + " is " +
          describe_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count()) +
          ": a collective was in flight that long; raise it for steps that wait longer, or pass " +
-         contract::spell_none("hang_timeout") + ")";
+         spell.none("hang_timeout") + ")";
 }
 
 std::string failed_headline(const CallEnd& end, int failed) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sgpu/errors.h"
+#include "sgpu/options.h"
 
 namespace sgpu::launcher {
 
@@ -39,7 +40,8 @@ struct CallEnd {
   std::optional<std::chrono::milliseconds> timeout;       // the call's
   std::optional<std::chrono::milliseconds> hang_timeout;  // the hang watchdog's
   std::string reason;  // a cancel's ("interrupted by SIGINT"), another node's, a start's
-  std::vector<std::string> unacted;  // faults planned to end their rank that never acted
+  std::vector<std::string> unacted;     // faults planned to end their rank that never acted
+  FrontEnd front_end = FrontEnd::kCpp;  // how the advice names settings (Options::front_end)
   // The error's text from its headline and the rows (failure_table.h, over several nodes
   // what this node shows); empty: format_failure.
   std::function<std::string(const std::string& headline, const std::vector<RankFailure>& rows)>

@@ -24,26 +24,30 @@
 namespace sgpu::launcher {
 
 void check_option_values(const Options& options) {
+  const contract::Spelling spell(options.front_end);
   if (options.gpus < 1) {
-    throw ConfigError(contract::spell("gpus") + " must be at least 1, got " +
-                      std::to_string(options.gpus));
+    throw ConfigError(spell("gpus") + " must be at least 1, got " + std::to_string(options.gpus));
   }
   if (options.timeout && options.timeout->count() <= 0) {
-    throw ConfigError(contract::spell("timeout") + " must be positive, got " +
-                      std::to_string(options.timeout->count()) + " ms; use " +
-                      contract::spell_no_timeout() + " for no deadline");
+    throw ConfigError(spell("timeout") + " must be positive, got " +
+                      std::to_string(options.timeout->count()) + " ms; use " + spell.no_timeout() +
+                      " for no deadline");
   }
   if (options.hang_timeout && options.hang_timeout->count() <= 0) {
-    throw ConfigError(contract::spell("hang_timeout") + " must be positive, got " +
+    throw ConfigError(spell("hang_timeout") + " must be positive, got " +
                       std::to_string(options.hang_timeout->count()) + " ms; use " +
-                      contract::spell_none("hang_timeout") + " to never judge a call hung");
+                      spell.none("hang_timeout") + " to never judge a call hung");
   }
   if (options.rdzv_timeout.count() <= 0) {
-    throw ConfigError(contract::spell("rdzv_timeout") + " must be positive seconds, got " +
+    throw ConfigError(spell("rdzv_timeout") + " must be positive seconds, got " +
                       std::to_string(options.rdzv_timeout.count()) + " ms");
   }
-  if (options.max_payload_bytes == 0) throw ConfigError("max_payload_bytes must be positive");
-  if (options.teardown_grace.count() < 0) throw ConfigError("teardown_grace must not be negative");
+  if (options.max_payload_bytes == 0) {
+    throw ConfigError(spell("max_payload_bytes") + " must be positive");
+  }
+  if (options.teardown_grace.count() < 0) {
+    throw ConfigError(spell("teardown_grace") + " must not be negative");
+  }
 }
 
 namespace {
@@ -54,9 +58,9 @@ void check_options(const Options& options) {
     const int world = options.gpus * std::max(options.nnodes, 1);
     for (int rank : *options.console_ranks) {
       if (rank < 0 || rank >= world) {
-        throw ConfigError(contract::spell("console_ranks") + " names rank " + std::to_string(rank) +
-                          " but the call has " + std::to_string(world) + " ranks (0 to " +
-                          std::to_string(world - 1) + ")");
+        throw ConfigError(contract::Spelling(options.front_end)("console_ranks") + " names rank " +
+                          std::to_string(rank) + " but the call has " + std::to_string(world) +
+                          " ranks (0 to " + std::to_string(world - 1) + ")");
       }
     }
   }
@@ -106,14 +110,15 @@ CallPlan plan_call(Options options, const RankProgram& program, int folded_nodes
   const backend::Backend& chosen = backend::choose_backend(options);
   const backend::Inventory inventory = chosen.inventory(options);
   plan.backend = std::string(chosen.name());
-  plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend);
+  plan.selection = backend::select_devices(inventory, options.gpus, options.gpu_type, plan.backend,
+                                           options.front_end);
   plan.sim_node = inventory.sim_spec;
   const Options world = world_options(options, folded_nodes);
   plan.backend_env = chosen.rank_environment(world);
-  program.check(chosen.computes_shapes(world));
+  program.check(chosen.computes_shapes(world), options.front_end);
   if (const std::size_t size = program.payload_bytes(); size > options.max_payload_bytes) {
-    throw ConfigError("the arguments take " + std::to_string(size) +
-                      " bytes serialized, over max_payload_bytes (" +
+    throw ConfigError("the arguments take " + std::to_string(size) + " bytes serialized, over " +
+                      contract::Spelling(options.front_end)("max_payload_bytes") + " (" +
                       std::to_string(options.max_payload_bytes) +
                       "); raise the limit, or load large data inside the function");
   }

@@ -237,6 +237,7 @@ std::unique_ptr<tracking::CallRun> begin_tracking(const CallPlan& plan, const Ra
   request.parent_run_id = front.parent_run_id;
   request.source_name = front.source_name;
   request.sim_node = plan.sim_node;
+  request.front_end = options.front_end;
   // The run's name: Options::name, else the function's plain name or the program's, never
   // a signature; the function param keeps it all.
   request.run_name = options.name;
@@ -302,7 +303,7 @@ std::shared_ptr<detail::Call> start(std::unique_ptr<RankProgram> program, const 
     } catch (const std::system_error& e) {  // a full or read-only runs folder, say
       throw Error("cannot stage the call in its run folder: " + std::string(e.what()) +
                   "; free space there, or put run folders elsewhere (" +
-                  contract::spell("runs_dir") + ", SGPU_RUNS_DIR)");
+                  contract::Spelling(plan.options.front_end)("runs_dir") + ", SGPU_RUNS_DIR)");
     }
     auto call =
         std::make_shared<CallImpl>(setup_of(std::move(plan), std::move(program), front, run_dir),

@@ -173,6 +173,7 @@ void NodeWatch::judge(const fs::path& folder, World& world, const WorldRanks& ra
   report_stacks(targets, run.stacks_report(), end.collectives);
   end.stacks = stacks_text(end.collectives);
   end.hang_timeout = settings_.hang_timeout;
+  end.front_end = settings_.front_end;
   out << hung_headline(end) << "\nsgpu sim: ending the world's " << live.size() << " live process"
       << (live.size() == 1 ? "" : "es") << "; its rings and reports are in " << folder.string()
       << std::endl;

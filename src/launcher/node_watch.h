@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "sgpu/options.h"
+
 namespace sgpu::launcher {
 
 struct WorldRanks;  // a world's ranks as its folder holds them (node_watch.cc)
@@ -38,6 +40,7 @@ class NodeWatch {
     std::filesystem::path dir;                              // the node's folder
     std::optional<std::chrono::milliseconds> hang_timeout;  // nullopt: no hang is judged
     std::chrono::milliseconds teardown_grace{std::chrono::seconds(5)};
+    FrontEnd front_end = FrontEnd::kCommand;  // how a verdict names settings: sgpu sim's flags
   };
   explicit NodeWatch(Settings settings);
 

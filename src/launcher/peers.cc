@@ -64,7 +64,8 @@ class LinkedNodes final : public Peers {
       return begun;
     }
     const serialize::SharedRun run = link_->node0_run();
-    return tracking::CallRun::join(tracking, {run.uri, run.experiment_id, run.run_id});
+    return tracking::CallRun::join(tracking, {run.uri, run.experiment_id, run.run_id},
+                                   plan_.front_end);
   }
   void begin_failed(const std::string& why) override {
     link_->post_failure("node 0 cannot track the launch: " + why);

@@ -39,7 +39,7 @@ class FunctionRanks final : public RankProgram {
 
   const char* role() const override { return contract::kRankRole; }
 
-  void check(bool computes_shapes) const override {
+  void check(bool computes_shapes, FrontEnd front_end) const override {
     if (rank::program_args().empty()) {
       throw ConfigError(
           "sgpu::init(argc, argv) was not called: call it first thing in main(); every rank "
@@ -49,7 +49,7 @@ class FunctionRanks final : public RankProgram {
     // ranks would compute on nothing and move nothing. A program's rank checks at its end
     // that the program ran in shapes (NOTE [A program's supervisor]).
     if (computes_shapes) {
-      throw ConfigError(contract::spell("sim_compute", "shapes") +
+      throw ConfigError(contract::Spelling(front_end)("sim_compute", "shapes") +
                         " is for Python code (the decorator's ranks, or a Python program under "
                         "sgpu run, whose tensors can be fake ones); a C++ function's ranks "
                         "compute on data: leave it \"values\"");

@@ -40,10 +40,10 @@ class RankProgram {
 
   // What a rank is told it is: one of contract/rank_env.h's roles.
   virtual const char* role() const = 0;
-  // ConfigErrors this kind of call has before anything starts (after the options' own);
-  // `computes_shapes`: the backend's ranks compute shapes without data
-  // (Backend::computes_shapes).
-  virtual void check(bool computes_shapes) const {}
+  // ConfigErrors this kind of call has before anything starts (after the options' own),
+  // naming settings as `front_end` does; `computes_shapes`: the backend's ranks compute
+  // shapes without data (Backend::computes_shapes).
+  virtual void check(bool computes_shapes, FrontEnd front_end) const {}
   // Bytes staged for the ranks, checked against Options::max_payload_bytes.
   virtual std::size_t payload_bytes() const { return 0; }
   // Whether its ranks may fork from a warm server (else every rank is exec'd).

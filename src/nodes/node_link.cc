@@ -69,7 +69,10 @@ struct Launch {
 }  // namespace
 
 NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds join_timeout)
-    : plan_(std::move(plan)), join_timeout_(join_timeout), host_name_(contract::host_name()) {
+    : plan_(std::move(plan)),
+      spell_(plan_.front_end),
+      join_timeout_(join_timeout),
+      host_name_(contract::host_name()) {
   const long long sequence = next_launch(plan_.id, plan_.node_rank);
   const std::string launch = plan_.id + " " + std::to_string(plan_.nnodes) + " " +
                              std::to_string(gpus_per_node) + " " + std::to_string(sequence);
@@ -81,8 +84,7 @@ NodeLink::NodeLink(NodePlan plan, int gpus_per_node, std::chrono::milliseconds j
   if (store_->add(key(plan_.node_rank, "claim"), 1) > 1) {
     throw ConfigError("another node has joined the launch as node " +
                       std::to_string(plan_.node_rank) + " already: give each node its own " +
-                      contract::spell("node_rank") + " (0 to " + std::to_string(plan_.nnodes - 1) +
-                      ")");
+                      spell_("node_rank") + " (0 to " + std::to_string(plan_.nnodes - 1) + ")");
   }
   heard_.assign(static_cast<std::size_t>(plan_.nnodes), Heard{"", Clock::now()});
 }
@@ -93,7 +95,7 @@ void NodeLink::host(const std::string& launch) {
     store_ = std::make_unique<rendezvous::StoreClient>(plan_.host, plan_.port, join_timeout_);
   } catch (const std::runtime_error& e) {
     throw Error(std::string("node 0 cannot host the launch's store: ") + e.what() +
-                "; name this node's own address in " + contract::spell("rdzv_endpoint") +
+                "; name this node's own address in " + spell_("rdzv_endpoint") +
                 ", with a port no other program holds");
   }
   store_->set("sgpu/launch", launch);
@@ -122,9 +124,9 @@ void NodeLink::join(const std::string& launch) {
       }
       throw Error("node " + std::to_string(plan_.node_rank) + " cannot reach node 0's store at " +
                   endpoint + " within " + seconds(join_timeout_) + ": " + e.what() +
-                  "; start node 0 with the same " + contract::spell("rdzv_endpoint") +
+                  "; start node 0 with the same " + spell_("rdzv_endpoint") +
                   ", check that this node can reach that address and port, or raise " +
-                  contract::spell("rdzv_timeout"));
+                  spell_("rdzv_timeout"));
     }
     if (!hosted) break;
     const Launch found = Launch::parse(*hosted);
@@ -137,7 +139,7 @@ void NodeLink::join(const std::string& launch) {
   }
   if (!hosted) {
     throw Error("the store at " + endpoint + " answers but hosts no sgpu launch: is " +
-                contract::spell("rdzv_endpoint") + " another program's port?");
+                spell_("rdzv_endpoint") + " another program's port?");
   }
   if (*hosted != launch) {
     const Launch found = Launch::parse(*hosted);
@@ -151,8 +153,8 @@ void NodeLink::join(const std::string& launch) {
                   "same order"
             : "node 0 at " + endpoint + " hosts " + found.describe() + ", and node " +
                   std::to_string(plan_.node_rank) + " asks for " + wanted.describe() +
-                  ": give every node the same " + contract::spell("nnodes") + ", " +
-                  contract::spell("gpus") + " and " + contract::spell("rdzv_id");
+                  ": give every node the same " + spell_("nnodes") + ", " + spell_("gpus") +
+                  " and " + spell_("rdzv_id");
     // The others stop at once too, rather than wait for this node to join.
     if (!store_->get(key(plan_.node_rank, "ready"))) agree(what);
     throw ConfigError(what);
@@ -211,8 +213,8 @@ void NodeLink::agree(const std::string& failure) {
   for (int node : missing) list += (list.empty() ? "" : ", ") + std::to_string(node);
   throw Error("node(s) " + list + " of " + std::to_string(plan_.nnodes) +
               " did not join the launch at " + endpoint() + " within " + seconds(join_timeout_) +
-              ": start sgpu on every node with the same " + contract::spell("rdzv_endpoint") +
-              ", or raise " + contract::spell("rdzv_timeout"));
+              ": start sgpu on every node with the same " + spell_("rdzv_endpoint") +
+              ", or raise " + spell_("rdzv_timeout"));
 }
 
 void NodeLink::share_run(const serialize::SharedRun& run) {
@@ -238,8 +240,7 @@ serialize::SharedRun NodeLink::node0_run() {
     std::this_thread::sleep_for(kRound);
   }
   throw Error("node 0 at " + endpoint() + " did not start its ranks within " +
-              seconds(join_timeout_) + " of every node joining; raise " +
-              contract::spell("rdzv_timeout"));
+              seconds(join_timeout_) + " of every node joining; raise " + spell_("rdzv_timeout"));
 }
 
 void NodeLink::beat() {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/front_end.h"
 #include "nodes/nodes.h"
 #include "rendezvous/store.h"
 #include "serialize/node_report.h"
@@ -103,6 +104,7 @@ class NodeLink {
   void beat();
 
   NodePlan plan_;
+  contract::Spelling spell_;  // the settings as the launch's caller names them
   std::chrono::milliseconds join_timeout_;
   std::string host_name_;
   std::unique_ptr<rendezvous::HostStore> host_;  // node 0 only

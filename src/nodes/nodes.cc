@@ -289,7 +289,7 @@ bool nodes_may_be_here(const Options& options, const EnvLookup& env) {
 bool folds_nodes(const Options& options, const EnvLookup& env) {
   if (!options.sim.fold) return false;
   if (!nodes_may_be_here(options, env)) {
-    throw ConfigError(contract::spell("sim_fold") +
+    throw ConfigError(contract::Spelling(options.front_end)("sim_fold") +
                       " folds the nodes of a simulated world on this machine: it needs the sim "
                       "backend, and no node rank, rendezvous endpoint or id, nor a launcher "
                       "(torchrun, Slurm, MPI) around it that places this node");
@@ -298,7 +298,7 @@ bool folds_nodes(const Options& options, const EnvLookup& env) {
 }
 
 NodePlan plan_nodes(const Options& options, const EnvLookup& env) {
-  using contract::spell;
+  const contract::Spelling spell(options.front_end);
   if (options.nnodes < 0) {
     throw ConfigError(spell("nnodes") + " must be at least 1, got " +
                       std::to_string(options.nnodes));
@@ -309,6 +309,7 @@ NodePlan plan_nodes(const Options& options, const EnvLookup& env) {
   }
   const std::optional<Said> engine = detect(env);
   NodePlan plan;
+  plan.front_end = options.front_end;
   const bool flagged = options.nnodes > 0 || options.node_rank >= 0 ||
                        !options.rdzv_endpoint.empty() || !options.rdzv_id.empty();
   plan.engine = engine ? engine->engine : (flagged ? "flags" : "");

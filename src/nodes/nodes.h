@@ -39,6 +39,7 @@ struct NodePlan {
   std::string id;      // the launch's rendezvous id
   std::string engine;  // what said so: "flags", "torchrun (PET_*)", "Slurm", "Open MPI", "PMI";
                        // empty for one node and nothing detected
+  FrontEnd front_end = FrontEnd::kCpp;  // how errors name the settings (Options::front_end)
   bool several() const { return nnodes > 1; }
   // "node 1 of 2, node 0 at n1:29500 (Slurm)", or "one node".
   std::string describe() const;

@@ -371,7 +371,9 @@ void run_rank() {
     if (env.backend == contract::kSimBackend) time_operators();
     write_result(entry(function, record.signature, record.args), record.max_payload_bytes);
   } catch (const serialize::RecordTooLarge& e) {
-    fail("sgpu::ResultTooLarge", std::string("result ") + e.what());
+    // A function's ranks are a C++ caller's (start_call).
+    fail("sgpu::ResultTooLarge",
+         std::string("result ") + e.what() + "; " + too_large_advice(FrontEnd::kCpp));
   } catch (const c10::Error& e) {  // its message, not libtorch's C++ backtrace
     fail(current_exception_type(), e.what_without_backtrace());
   } catch (const std::exception& e) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <utility>
 
+#include "contract/front_end.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "serialize/error_record.h"
@@ -18,6 +19,10 @@ void write_result(std::string_view result, std::size_t limit) {
   if (result.size() > limit) throw serialize::RecordTooLarge(result.size(), limit);
   const contract::RankFolder folder{contract::read_rank_environment().rank_dir};
   serialize::write_record_file(folder.result(), serialize::RecordKind::kResult, result);
+}
+
+std::string too_large_advice(FrontEnd front_end) {
+  return "raise " + contract::Spelling(front_end)("max_payload_bytes") + " or return less";
 }
 
 void write_error(RankError error) {

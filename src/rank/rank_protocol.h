@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "serialize/record.h"
+#include "sgpu/options.h"
 
 namespace sgpu::rank {
 
@@ -19,6 +20,10 @@ std::string read_call(serialize::RecordKind kind);
 
 // The rank's result; RecordTooLarge, with nothing written, over `limit`.
 void write_result(std::string_view result, std::size_t limit);
+
+// What to do about a result over the limit, as `front_end` names the setting: "raise
+// max_payload_bytes or return less" (Options::max_payload_bytes in C++).
+std::string too_large_advice(FrontEnd front_end);
 
 struct RankError {
   std::string type;  // "ValueError", "std::runtime_error"

@@ -11,7 +11,6 @@
 #include <system_error>
 
 #include "contract/atomic_file.h"
-#include "contract/front_end.h"
 
 namespace sgpu::serialize {
 namespace {
@@ -60,8 +59,7 @@ std::string size_text(std::size_t bytes) {
 }  // namespace
 
 RecordTooLarge::RecordTooLarge(std::size_t size, std::size_t limit)
-    : RecordError("record of " + size_text(size) + " exceeds the limit of " + size_text(limit) +
-                  "; raise " + contract::spell("max_payload_bytes") + " or return less"),
+    : RecordError("record of " + size_text(size) + " exceeds the limit of " + size_text(limit)),
       size_(size),
       limit_(limit) {}
 

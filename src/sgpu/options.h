@@ -90,6 +90,12 @@ struct SimOptions {
                           // false: CPU devices, as a C++ rank's; SGPU_SIM_CUDA=on|off overrides
 };
 
+// Who asks for the call, so that the advice in its errors names a setting as the caller
+// writes it: as a field of Options (kCpp, what a C++ program leaves), as a flag of the sgpu
+// command (kCommand), or as a keyword of the Python decorator (kPython). The sgpu command
+// and the Python package say which they are; the option table's rows take no part of it.
+enum class FrontEnd { kCpp, kCommand, kPython };
+
 struct Options {
   int gpus = 1;                                // ranks to start, one per GPU
   std::string gpu_type;                        // e.g. "H100" (case-insensitive); empty: detected
@@ -129,6 +135,7 @@ struct Options {
                               // node 0 listens on HOST's address
   std::string rdzv_id;        // the launch's name, the same on every node; empty: derived
   std::chrono::milliseconds rdzv_timeout = std::chrono::minutes(10);  // for every node to join
+  FrontEnd front_end = FrontEnd::kCpp;  // how errors name the settings (above)
 };
 
 // The folder run folders go in: Options::runs_dir, else SGPU_RUNS_DIR, else

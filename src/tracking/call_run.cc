@@ -29,6 +29,22 @@ std::string timeout_text(const std::optional<std::chrono::milliseconds>& timeout
   return std::to_string(timeout->count()) + "ms";
 }
 
+// Where else a call's run can go, as its caller names the settings.
+std::string elsewhere_advice(FrontEnd front_end) {
+  switch (front_end) {
+    case FrontEnd::kPython:
+      return "record the call elsewhere (tracking_uri=\"sqlite:////path/mlflow.db\" or "
+             "MLFLOW_TRACKING_URI), or not at all (tracking=False, or SGPU_TRACKING=off)";
+    case FrontEnd::kCommand:
+      return "record the launch elsewhere (MLFLOW_TRACKING_URI=sqlite:////path/mlflow.db), or "
+             "not at all (--no-tracking)";
+    case FrontEnd::kCpp:
+      break;
+  }
+  return "record the call elsewhere (Options::tracking_uri or MLFLOW_TRACKING_URI), or not at "
+         "all (Options::tracking = false, or SGPU_TRACKING=off)";
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> untracked_rank_environment() {
@@ -41,12 +57,17 @@ CallRun::CallRun(std::unique_ptr<Store> store, RunInfo info)
 std::optional<OpenedRun> open_run(const std::string& uri_option,
                                   const std::string& experiment_option, const std::string& run_name,
                                   std::vector<Tag> tags, const Batch& params,
-                                  const std::string& parent_run_id) {
+                                  const std::string& parent_run_id, FrontEnd front_end) {
   const std::optional<ActiveRun> scope = innermost_active_run();
   const std::string uri = !uri_option.empty() ? uri_option
                           : scope             ? scope->uri
                                               : tracking_uri_from_environment();
-  std::unique_ptr<Store> store = open_store(uri);  // a bad scheme is the user's to fix
+  std::unique_ptr<Store> store;
+  try {
+    store = open_store(uri);  // a bad scheme is the user's to fix
+  } catch (const StoreUnopened& e) {
+    throw StoreError(std::string(e.what()) + ", or " + elsewhere_advice(front_end), false);
+  }
   std::string parent;
   std::string parent_experiment;
   if (!parent_run_id.empty()) {
@@ -105,7 +126,7 @@ std::optional<OpenedRun> open_run(const std::string& uri_option,
 }
 
 std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
-  if (!request.tracking || !tracking_enabled_by_environment()) return nullptr;
+  if (!request.tracking || !tracking_enabled_by_environment(request.front_end)) return nullptr;
   std::vector<Tag> tags;
   if (!request.sim_node.empty()) tags.push_back({"sgpu.sim_node", request.sim_node});
   if (!request.source_name.empty()) tags.push_back({"mlflow.source.name", request.source_name});
@@ -125,7 +146,7 @@ std::unique_ptr<CallRun> CallRun::begin(const CallRunRequest& request) {
                !request.run_name.empty()       ? request.run_name
                : request.function_name.empty() ? "sgpu call"
                                                : request.function_name,
-               tags, params, request.parent_run_id);
+               tags, params, request.parent_run_id, request.front_end);
   if (!opened) return nullptr;
   return std::unique_ptr<CallRun>(new CallRun(std::move(opened->store), std::move(opened->info)));
 }
@@ -134,8 +155,10 @@ CallRun::Shared CallRun::shared() const {
   return {store_->uri(), info_.experiment_id, info_.run_id};
 }
 
-std::unique_ptr<CallRun> CallRun::join(bool tracking, const Shared& run) {
-  if (!tracking || !tracking_enabled_by_environment() || run.run_id.empty()) return nullptr;
+std::unique_ptr<CallRun> CallRun::join(bool tracking, const Shared& run, FrontEnd front_end) {
+  if (!tracking || !tracking_enabled_by_environment(front_end) || run.run_id.empty()) {
+    return nullptr;
+  }
   try {
     std::unique_ptr<Store> store = open_store(run.uri);
     RunInfo info = store->get_run(run.run_id);

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "sgpu/options.h"
 #include "tracking/pending.h"
 #include "tracking/run_model.h"
 #include "tracking/store.h"
@@ -47,6 +48,7 @@ struct CallRunRequest {
   // The run's mlflow.source.name, as its front end knows it (a Python caller's script or
   // notebook); empty: this process's executable.
   std::string source_name;
+  FrontEnd front_end = FrontEnd::kCpp;  // Options::front_end: how errors name the settings
 };
 
 // The call's run and store, for the rank logger (tracking/rank_logger.h): MLflow's client
@@ -71,7 +73,7 @@ class CallRun {
     std::string uri, experiment_id, run_id;
   };
   Shared shared() const;
-  static std::unique_ptr<CallRun> join(bool tracking, const Shared& run);
+  static std::unique_ptr<CallRun> join(bool tracking, const Shared& run, FrontEnd front_end);
   bool joined() const { return joined_; }
 
   // MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID for the ranks, and sgpu's own
@@ -108,12 +110,13 @@ struct OpenedRun {
 
 // Creates a run as begin() does (store, experiment, parent, standard tags, the link on
 // stderr) with `tags` and `params` added. std::nullopt when the store cannot be reached
-// (said once on stderr); TrackingError for what can never work. The parent is
-// `parent_run_id`, else the innermost Run scope, else MLFLOW_RUN_ID.
+// (said once on stderr); TrackingError for what can never work, which says where else the
+// run can go as `front_end` names the settings. The parent is `parent_run_id`, else the
+// innermost Run scope, else MLFLOW_RUN_ID.
 std::optional<OpenedRun> open_run(const std::string& uri_option,
                                   const std::string& experiment_option, const std::string& run_name,
                                   std::vector<Tag> tags, const Batch& params,
-                                  const std::string& parent_run_id = {});
+                                  const std::string& parent_run_id, FrontEnd front_end);
 
 // The variables a rank gets when its call is not tracked: SGPU_TRACKING=off.
 std::vector<std::pair<std::string, std::string>> untracked_rank_environment();

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <mutex>
 
+#include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "contract/run_folder.h"
 #include "tracking/call_run.h"
@@ -23,7 +24,10 @@ void create() {
   // would find no run (tracking/call_run.h, CallRun::rank_environment).
   std::string run_id = contract::env_string(kRankRunIdVar);
   if (run_id.empty()) run_id = contract::env_string("MLFLOW_RUN_ID");
-  if (!tracking_enabled_by_environment() || run_id.empty()) return;
+  // A rank's SGPU_TRACKING is its launcher's word, on or off (CallRun::rank_environment).
+  if (!contract::environment_flag("tracking", true, contract::kRankSide) || run_id.empty()) {
+    return;
+  }
   std::string uri = contract::env_string(kRankTrackingUriVar);
   if (uri.empty()) uri = tracking_uri_from_environment();
   std::unique_ptr<Store> store;

@@ -57,6 +57,8 @@ std::string tracking_uri_from_environment() {
   return uri != nullptr && *uri != '\0' ? uri : default_tracking_uri();
 }
 
-bool tracking_enabled_by_environment() { return contract::environment_flag("tracking", true); }
+bool tracking_enabled_by_environment(FrontEnd front_end) {
+  return contract::environment_flag("tracking", true, front_end);
+}
 
 }  // namespace sgpu::tracking

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "sgpu/errors.h"
+#include "sgpu/options.h"
 #include "tracking/run_model.h"
 
 namespace sgpu::tracking {
@@ -33,6 +34,14 @@ class StoreError : public TrackingError {
 
  private:
   bool transient_;
+};
+
+// A store that cannot be made where its URI puts it (a database whose folder is read-only):
+// never transient. The call's run can go elsewhere, or nowhere, which open_run adds in its
+// caller's words.
+class StoreUnopened : public StoreError {
+ public:
+  explicit StoreUnopened(const std::string& what) : StoreError(what, false) {}
 };
 
 class Store {
@@ -88,7 +97,8 @@ std::string default_tracking_uri();
 // MLFLOW_TRACKING_URI, else default_tracking_uri().
 std::string tracking_uri_from_environment();
 
-// False when tracking is turned off: SGPU_TRACKING=off (or 0, false, no).
-bool tracking_enabled_by_environment();
+// False when tracking is turned off: SGPU_TRACKING=off (or 0, false, no). ConfigError for a
+// word that is neither, naming the setting as `front_end` writes it.
+bool tracking_enabled_by_environment(FrontEnd front_end);
 
 }  // namespace sgpu::tracking

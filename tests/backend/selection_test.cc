@@ -11,9 +11,10 @@
 namespace sgpu::backend {
 namespace {
 
-std::string mismatch(const std::string& node, int gpus, const std::string& type) {
+std::string mismatch(const std::string& node, int gpus, const std::string& type,
+                     FrontEnd front_end = FrontEnd::kCpp) {
   try {
-    select_devices(sim::parse_node_spec(node), gpus, type, "sim");
+    select_devices(sim::parse_node_spec(node), gpus, type, "sim", front_end);
   } catch (const AcceleratorMismatchError& e) {
     return e.what();
   }
@@ -25,7 +26,7 @@ void expect_has(const std::string& text, const std::string& part) {
 }
 
 TEST(Selection, DetectsTheTypeWhenUnset) {
-  const Selection s = select_devices(sim::parse_node_spec("4xA10"), 2, "", "sim");
+  const Selection s = select_devices(sim::parse_node_spec("4xA10"), 2, "", "sim", FrontEnd::kCpp);
   EXPECT_EQ(s.gpu_type, "A10");
   EXPECT_EQ(s.device_indices, (std::vector<int>{0, 1}));
 }
@@ -50,6 +51,15 @@ TEST(Selection, MoreGpusThanTheNodeHas) {
   expect_has(mismatch("4xH100", 5, ""), "pass gpus=4 or fewer");
 }
 
+TEST(Selection, TheAdviceNamesTheSettingsAsTheCallersFrontEndWritesThem) {
+  expect_has(mismatch("4xH100", 5, "", FrontEnd::kCommand), "pass --gpus 4 or fewer");
+  expect_has(mismatch("4xH100", 8, "H100", FrontEnd::kCommand), "pass --gpus 4 or fewer");
+  expect_has(mismatch("2xA10", 1, "H100", FrontEnd::kCommand), "pass --gpu-type A10");
+  expect_has(mismatch("4xH100+4xA10", 6, "", FrontEnd::kCommand), "name one in --gpu-type");
+  expect_has(mismatch("4xH100+4xA10", 6, "", FrontEnd::kCpp), "name one in Options::gpu_type");
+  expect_has(mismatch("4xH100+4xA10", 6, "", FrontEnd::kPython), "name one in gpu_type,");
+}
+
 TEST(Selection, UnknownTypeListsTheKnownOnes) {
   const std::string text = mismatch("8xH100", 1, "H1000");
   expect_has(text, "unknown gpu_type \"H1000\"");
@@ -59,7 +69,8 @@ TEST(Selection, UnknownTypeListsTheKnownOnes) {
 TEST(Selection, MixedNodeWithTooFewOfTheType) {
   expect_has(mismatch("4xH100+4xA10", 6, "A10"),
              "6 x A10 requested but this node has 4 x H100 + 4 x A10");
-  const Selection s = select_devices(sim::parse_node_spec("4xH100+4xA10"), 3, "a10", "sim");
+  const Selection s =
+      select_devices(sim::parse_node_spec("4xH100+4xA10"), 3, "a10", "sim", FrontEnd::kCpp);
   EXPECT_EQ(s.gpu_type, "A10");
   EXPECT_EQ(s.device_indices, (std::vector<int>{4, 5, 6}));
   expect_has(mismatch("4xH100+4xA10", 6, ""), "mixes types");
@@ -71,7 +82,7 @@ TEST(Selection, NoGpuNamesTheSimulatedBackend) {
   const std::string given = std::getenv("SGPU_BACKEND") ? std::getenv("SGPU_BACKEND") : "";
   ::unsetenv("SGPU_BACKEND");
   try {
-    select_devices(none, 1, "", "cuda");
+    select_devices(none, 1, "", "cuda", FrontEnd::kCpp);
     FAIL();
   } catch (const AcceleratorMismatchError& e) {
     expect_has(e.what(), "no CUDA driver");
@@ -80,7 +91,7 @@ TEST(Selection, NoGpuNamesTheSimulatedBackend) {
   // Where SGPU_BACKEND chose cuda, the advice is the variable's, not the option's.
   ::setenv("SGPU_BACKEND", "cuda", 1);
   try {
-    select_devices(none, 1, "", "cuda");
+    select_devices(none, 1, "", "cuda", FrontEnd::kCpp);
     FAIL();
   } catch (const AcceleratorMismatchError& e) {
     expect_has(e.what(), "set SGPU_BACKEND=sim (SGPU_BACKEND=cuda decides the backend here");

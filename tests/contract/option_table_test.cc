@@ -21,11 +21,13 @@
 
 namespace {
 
+using sgpu::FrontEnd;
 using sgpu::contract::environment_value;
 using sgpu::contract::EnvRule;
 using sgpu::contract::find_option;
 using sgpu::contract::option_table;
 using sgpu::contract::OptionValue;
+using sgpu::contract::Spelling;
 using sgpu::contract::with_environment;
 
 sgpu::Options set(std::string_view name, const OptionValue& value) {
@@ -234,18 +236,18 @@ TEST(OptionTable, AVariableItsRowDoesNotTakeIsRefusedNamingIt) {
 TEST(OptionTable, ARankReadsWhatItsLauncherResolvedByTheRowsName) {
   {
     const ScopedVariable unset("SGPU_SIM", nullptr);
-    EXPECT_FALSE(environment_value("sim_node").has_value());
-    EXPECT_EQ(sgpu::contract::environment_text("sim_node"), "");
+    EXPECT_FALSE(environment_value("sim_node", FrontEnd::kCpp).has_value());
+    EXPECT_EQ(sgpu::contract::environment_text("sim_node", FrontEnd::kCpp), "");
     const ScopedVariable cuda_unset("SGPU_SIM_CUDA", nullptr);
-    EXPECT_TRUE(sgpu::contract::environment_flag("sim_cuda", true));
+    EXPECT_TRUE(sgpu::contract::environment_flag("sim_cuda", true, FrontEnd::kCpp));
   }
   const ScopedVariable node("SGPU_SIM", "4xH100"), cuda("SGPU_SIM_CUDA", "off");
-  EXPECT_EQ(std::get<std::string>(*environment_value("sim_node")), "4xH100");
-  EXPECT_FALSE(std::get<bool>(*environment_value("sim_cuda")));
-  EXPECT_EQ(sgpu::contract::environment_text("sim_node"), "4xH100");
-  EXPECT_FALSE(sgpu::contract::environment_flag("sim_cuda", true));
-  EXPECT_FALSE(environment_value("gpus").has_value());  // a row with no variable
-  EXPECT_FALSE(environment_value("no_such_option").has_value());
+  EXPECT_EQ(std::get<std::string>(*environment_value("sim_node", FrontEnd::kCpp)), "4xH100");
+  EXPECT_FALSE(std::get<bool>(*environment_value("sim_cuda", FrontEnd::kCpp)));
+  EXPECT_EQ(sgpu::contract::environment_text("sim_node", FrontEnd::kCpp), "4xH100");
+  EXPECT_FALSE(sgpu::contract::environment_flag("sim_cuda", true, FrontEnd::kCpp));
+  EXPECT_FALSE(environment_value("gpus", FrontEnd::kCpp).has_value());  // a row with no variable
+  EXPECT_FALSE(environment_value("no_such_option", FrontEnd::kCpp).has_value());
 }
 
 TEST(OptionTable, AFrontEndsTextIsAValueOfTheRowsKind) {
@@ -263,22 +265,59 @@ TEST(OptionTable, AFrontEndsTextIsAValueOfTheRowsKind) {
 }
 
 TEST(OptionTable, AdviceForTheCommandSpellsTheRowsFlag) {
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCommand);
-  EXPECT_EQ(sgpu::contract::spell("runs_dir"), "--log-dir");
-  EXPECT_EQ(sgpu::contract::spell("console_ranks"), "--ranks");
-  EXPECT_EQ(sgpu::contract::spell("backend", "sim"), "--backend sim");
-  EXPECT_EQ(sgpu::contract::spell("recorder_entries"), "recorder_entries");  // no flag
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCpp);
+  const Spelling spell(FrontEnd::kCommand);
+  EXPECT_EQ(spell("runs_dir"), "--log-dir");
+  EXPECT_EQ(spell("console_ranks"), "--ranks");
+  EXPECT_EQ(spell("backend", "sim"), "--backend sim");
+  EXPECT_EQ(spell("recorder_entries"), "recorder_entries");  // no flag
+  EXPECT_EQ(spell.no_timeout(), "--timeout none");
+  EXPECT_EQ(spell.none("hang_timeout"), "--hang-timeout none");
 }
 
 TEST(OptionTable, AdviceInCppNamesTheSimulatedBackendsFieldsOfOptionsSim) {
-  EXPECT_EQ(sgpu::contract::spell("sim_compute", "shapes"), "sim.compute=\"shapes\"");
-  EXPECT_EQ(sgpu::contract::spell("sim_fold"), "Options::sim.fold");
-  EXPECT_EQ(sgpu::contract::spell("timeout"), "Options::timeout");
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kPython);
-  EXPECT_EQ(sgpu::contract::spell("sim_compute", "shapes"), "sim_compute=\"shapes\"");
-  EXPECT_EQ(sgpu::contract::spell("sim_fold"), "sim_fold");
-  sgpu::contract::set_front_end(sgpu::contract::FrontEnd::kCpp);
+  const Spelling cpp(FrontEnd::kCpp);
+  EXPECT_EQ(cpp("sim_compute", "shapes"), "sim.compute=\"shapes\"");
+  EXPECT_EQ(cpp("sim_fold"), "Options::sim.fold");
+  EXPECT_EQ(cpp("timeout"), "Options::timeout");
+  EXPECT_EQ(cpp.none("hang_timeout"), "Options::hang_timeout = sgpu::kNoTimeout");
+  const Spelling python(FrontEnd::kPython);
+  EXPECT_EQ(python("sim_compute", "shapes"), "sim_compute=\"shapes\"");
+  EXPECT_EQ(python("sim_fold"), "sim_fold");
+  EXPECT_EQ(python("gpus", "4"), "gpus=4");
+  EXPECT_EQ(python.no_timeout(), "timeout=None");
+}
+
+// The front end travels with the options (NOTE [Front ends]): one process that makes calls
+// for two callers names each one's settings as that caller writes them, whichever came first.
+TEST(OptionTable, AVariablesErrorNamesTheSettingAsItsOwnCallerWritesIt) {
+  const ScopedVariable bad("SGPU_SIM_FOLD", "maybe");
+  const auto refusal = [](FrontEnd front_end) {
+    sgpu::Options given;
+    given.front_end = front_end;
+    try {
+      with_environment(given);
+    } catch (const sgpu::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("taken");
+  };
+  for (int twice = 0; twice < 2; ++twice) {
+    EXPECT_NE(refusal(FrontEnd::kPython).find("(SGPU_SIM_FOLD sets sim_fold)"), std::string::npos)
+        << refusal(FrontEnd::kPython);
+    EXPECT_NE(refusal(FrontEnd::kCommand).find("(SGPU_SIM_FOLD sets --sim-fold)"),
+              std::string::npos)
+        << refusal(FrontEnd::kCommand);
+    EXPECT_NE(refusal(FrontEnd::kCpp).find("(SGPU_SIM_FOLD sets Options::sim.fold)"),
+              std::string::npos)
+        << refusal(FrontEnd::kCpp);
+  }
+  // A variable read alone, by its row's name, says it the same way.
+  try {
+    sgpu::contract::environment_flag("sim_fold", false, FrontEnd::kCommand);
+    ADD_FAILURE() << "SGPU_SIM_FOLD=maybe was taken";
+  } catch (const sgpu::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sets --sim-fold)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OptionTable, TheManualsTablesAreTheTables) {

@@ -2,7 +2,10 @@
 // checked, and no process is started.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "sgpu/config.h"
 #include "sgpu/sgpu.h"
@@ -114,7 +117,29 @@ TEST(ConfigError, UnknownSimulatedTransport) {
 TEST(ConfigError, ArgumentsOverTheLimit) {
   auto o = sim();
   o.max_payload_bytes = 1000;
-  expect_has(error_of<sgpu::ConfigError>(o, 5000), "over max_payload_bytes (1000)");
+  expect_has(error_of<sgpu::ConfigError>(o, 5000), "over Options::max_payload_bytes (1000)");
+}
+
+// The front end travels with each call's options (NOTE [Front ends]): calls in one process
+// for the sgpu command, for Python and for C++ are each told in their own words.
+TEST(ConfigError, EachCallsAdviceIsInItsOwnCallersWords) {
+  const std::pair<sgpu::FrontEnd, std::string> said[] = {
+      {sgpu::FrontEnd::kCommand, "--timeout must be positive, got -1000 ms; use --timeout none"},
+      {sgpu::FrontEnd::kPython, "timeout must be positive, got -1000 ms; use timeout=None"},
+      {sgpu::FrontEnd::kCpp,
+       "Options::timeout must be positive, got -1000 ms; use sgpu::kNoTimeout"},
+      {sgpu::FrontEnd::kCommand, "--timeout must be positive"},
+  };
+  for (const auto& [front_end, text] : said) {
+    auto o = sim();
+    o.front_end = front_end;
+    o.timeout = std::chrono::seconds(-1);
+    expect_has(error_of<sgpu::ConfigError>(o), text);
+  }
+  auto o = sim();
+  o.front_end = sgpu::FrontEnd::kPython;
+  o.sim.transport = "tcp";
+  expect_has(error_of<sgpu::ConfigError>(o), "sim_transport=\"tcp\" is not a transport");
 }
 
 TEST(Mismatch, TypeTheNodeLacks) {

@@ -285,7 +285,8 @@ TEST(Launcher, ResultOverTheLimitNamesRankAndSize) {
     EXPECT_EQ(e.root_cause()->exception_type, "sgpu::ResultTooLarge");
     // The 2 MiB string plus cereal's 8-byte length.
     EXPECT_NE(what.find("2097160 bytes (2 MiB)"), std::string::npos) << what;
-    EXPECT_NE(what.find("max_payload_bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("raise Options::max_payload_bytes or return less"), std::string::npos)
+        << what;
   }
 }
 

@@ -69,12 +69,14 @@ TEST_F(RankProgramTest, AFunctionsRankSucceedsOnlyWithItsResultWritten) {
 
 TEST_F(RankProgramTest, AFunctionsRanksRefuseShapeOnlyCompute) {
   const auto ranks = function_ranks({});
-  EXPECT_NO_THROW(ranks->check(false));
+  EXPECT_NO_THROW(ranks->check(false, sgpu::FrontEnd::kCpp));
   try {
-    ranks->check(true);
+    ranks->check(true, sgpu::FrontEnd::kCpp);
     FAIL() << "shapes were accepted";
   } catch (const sgpu::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("is for Python code"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sim.compute=\"shapes\" is for Python code"),
+              std::string::npos)
+        << e.what();
   }
 }
 

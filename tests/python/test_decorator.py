@@ -251,6 +251,17 @@ def test_a_payload_over_the_limit_names_its_largest_parts():
         uses_big.distributed(b"y")
 
 
+def test_a_result_over_the_limit_is_result_too_large_in_the_decorators_words():
+    @distributed(gpus=2, max_payload_bytes=100_000)
+    def returns_big():
+        return b"r" * 200_000
+
+    with pytest.raises(sgpu.ResultTooLarge,
+                       match=r"exceeds the limit of 100000 bytes; raise max_payload_bytes or "
+                             r"return less"):
+        returns_big.distributed()
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(timeout=st.one_of(st.floats(min_value=5, max_value=1e300), st.just(float("inf")),
                          st.sampled_from([1e10, 2**63 / 1000, 1e18, 9.3e15])),

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,7 +99,8 @@ TEST_F(CallRunTest, NoRunWhenTrackingIsOffByOptionOrEnvironment) {
   EXPECT_EQ(CallRun::begin(off), nullptr);
   ::setenv("SGPU_TRACKING", "off", 1);
   EXPECT_EQ(CallRun::begin(request()), nullptr);
-  EXPECT_EQ(CallRun::join(true, {"file://" + root_.string(), "0", "any"}), nullptr);
+  EXPECT_EQ(CallRun::join(true, {"file://" + root_.string(), "0", "any"}, sgpu::FrontEnd::kCpp),
+            nullptr);
   EXPECT_FALSE(fs::exists(root_ / "0"));  // nothing was written
 }
 
@@ -171,7 +173,7 @@ TEST_F(CallRunTest, AnotherNodeJoinsNode0sRunAndLeavesItsEndToNode0) {
   const CallRun::Shared shared = node0->shared();
   EXPECT_EQ(shared.run_id, node0->info().run_id);
   EXPECT_EQ(shared.experiment_id, "0");
-  const std::unique_ptr<CallRun> node1 = CallRun::join(true, shared);
+  const std::unique_ptr<CallRun> node1 = CallRun::join(true, shared, sgpu::FrontEnd::kCpp);
   ASSERT_NE(node1, nullptr);
   EXPECT_TRUE(node1->joined());
   EXPECT_FALSE(node0->joined());
@@ -180,7 +182,7 @@ TEST_F(CallRunTest, AnotherNodeJoinsNode0sRunAndLeavesItsEndToNode0) {
   EXPECT_EQ(FileStore(root_).get_run(shared.run_id).status, RunStatus::kRunning);
   EXPECT_TRUE(node0->end(RunStatus::kFinished, {}));
   EXPECT_EQ(FileStore(root_).get_run(shared.run_id).status, RunStatus::kFinished);
-  EXPECT_EQ(CallRun::join(false, shared), nullptr);
+  EXPECT_EQ(CallRun::join(false, shared, sgpu::FrontEnd::kCpp), nullptr);
 }
 
 TEST_F(CallRunTest, ANodeThatCannotReachNode0sRunRunsUntracked) {
@@ -188,13 +190,38 @@ TEST_F(CallRunTest, ANodeThatCannotReachNode0sRunRunsUntracked) {
   ASSERT_NE(node0, nullptr);
   CallRun::Shared elsewhere = node0->shared();
   elsewhere.run_id = "0123456789abcdef0123456789abcdef";  // not in this store
-  EXPECT_EQ(CallRun::join(true, elsewhere), nullptr);
+  EXPECT_EQ(CallRun::join(true, elsewhere, sgpu::FrontEnd::kCpp), nullptr);
 }
 
 TEST_F(CallRunTest, AStoreThatCanNeverWorkIsTheCallersError) {
   CallRunRequest r = request();
   r.tracking_uri = "ftp://example/mlruns";
   EXPECT_THROW(CallRun::begin(r), TrackingError);
+}
+
+// A database that cannot be made where its URI puts it (its folder would be inside a file)
+// says where else the run can go, in the words of the call's own caller.
+TEST_F(CallRunTest, ADatabaseThatCannotBeMadeSaysWhereElseInTheCallersWords) {
+  fs::create_directories(root_);
+  std::ofstream(root_ / "file") << "not a folder";
+  const std::pair<sgpu::FrontEnd, std::string> said[] = {
+      {sgpu::FrontEnd::kCommand,
+       "make its folder writable, or record the launch elsewhere "
+       "(MLFLOW_TRACKING_URI=sqlite:////path/mlflow.db), or not at all (--no-tracking)"},
+      {sgpu::FrontEnd::kCpp, "or not at all (Options::tracking = false, or SGPU_TRACKING=off)"},
+      {sgpu::FrontEnd::kPython, "(tracking_uri=\"sqlite:////path/mlflow.db\" or"},
+  };
+  for (const auto& [front_end, text] : said) {
+    CallRunRequest r = request();
+    r.tracking_uri = "sqlite:///" + (root_ / "file" / "mlflow.db").string();
+    r.front_end = front_end;
+    try {
+      CallRun::begin(r);
+      ADD_FAILURE() << "a database under a file was opened";
+    } catch (const TrackingError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 
 #include "backend/backend_table.h"
 #include "backend/selection.h"
-#include "contract/front_end.h"
 #include "contract/option_table.h"
 #include "contract/rank_env.h"
 #include "sgpu/errors.h"
@@ -63,8 +62,9 @@ const Backend& choose_backend(const Options& options) {
   if (reasons.empty()) reasons = "; this build has no real GPU backend (built without CUDA)";
   throw AcceleratorMismatchError(
       "backend \"auto\" found no GPU on this node" + reasons + ". To run on simulated GPUs, " +
-      backend_advice("sim") +
-      (contract::environment_text("backend").empty() ? " or set SGPU_BACKEND=sim" : ""));
+      backend_advice("sim", options.front_end) +
+      (contract::environment_text("backend", options.front_end).empty() ? " or set SGPU_BACKEND=sim"
+                                                                        : ""));
 }
 
 }  // namespace sgpu::backend

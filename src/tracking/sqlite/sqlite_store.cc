@@ -9,7 +9,6 @@
 #include <system_error>
 #include <tuple>
 
-#include "contract/front_end.h"
 #include "tracking/ids.h"
 
 namespace sgpu::tracking {
@@ -165,26 +164,6 @@ fs::path sqlite_path_of(const std::string& uri) {
   return ec ? path : absolute.lexically_normal();
 }
 
-namespace {
-
-// Where else a call's run can go, as the caller spells it.
-std::string elsewhere_advice() {
-  switch (contract::front_end()) {
-    case contract::FrontEnd::kPython:
-      return "record the call elsewhere (tracking_uri=\"sqlite:////path/mlflow.db\" or "
-             "MLFLOW_TRACKING_URI), or not at all (tracking=False, or SGPU_TRACKING=off)";
-    case contract::FrontEnd::kCommand:
-      return "record the launch elsewhere (MLFLOW_TRACKING_URI=sqlite:////path/mlflow.db), or "
-             "not at all (--no-tracking)";
-    case contract::FrontEnd::kCpp:
-      break;
-  }
-  return "record the call elsewhere (Options::tracking_uri or MLFLOW_TRACKING_URI), or not at "
-         "all (Options::tracking = false, or SGPU_TRACKING=off)";
-}
-
-}  // namespace
-
 SqliteStore::SqliteStore(const std::string& uri) : path_(sqlite_path_of(uri)) {
   std::error_code ec;
   fs::create_directories(path_.parent_path(), ec);
@@ -195,9 +174,8 @@ SqliteStore::SqliteStore(const std::string& uri) : path_(sqlite_path_of(uri)) {
     const std::string why = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
     db_ = nullptr;
-    throw StoreError("tracking: cannot open the MLflow database " + path_.string() + ": " + why +
-                         "; make its folder writable, or " + elsewhere_advice(),
-                     false);
+    throw StoreUnopened("tracking: cannot open the MLflow database " + path_.string() + ": " + why +
+                        "; make its folder writable");
   }
   sqlite3_busy_timeout(db_, kBusyTimeoutMs);
   try {
