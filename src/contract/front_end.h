@@ -1,14 +1,14 @@
 // NOTE [Front ends]
 // The same checks serve the C++ API, the sgpu command and the Python decorator, and their
-// messages end with what to do. Advice names a setting the way its caller writes it, and
-// the caller says who it is in Options::front_end, which travels with the call to every
-// check: Spelling(FrontEnd::kCpp)("backend", "sim") is `backend="sim"`, kCommand's is
-// `--backend sim` (the sgpu command's flags), kPython's `backend="sim"` (the decorator's
-// keywords). Settings are named as the option table's rows, which the decorator's keywords
-// are; in C++ the simulated backend's rows are the fields of Options::sim
-// (spell("sim_compute", "shapes") is `sim.compute="shapes"`). Nothing here is global: a
-// process that serves several front ends (a Python program that calls C++ that calls sgpu)
-// names each call's settings as that call's caller wrote them.
+// messages end with what to do. Advice names a setting the way its caller writes it. The
+// caller says who it is in Options::front_end, and every check spells from the options (or
+// the plan, node plan or ending made of them) it is given: Spelling(FrontEnd::kCpp)
+// ("backend", "sim") is `backend="sim"`, kCommand's `--backend sim` (the sgpu command's
+// flags), kPython's `backend="sim"` (the decorator's keywords). Settings are named as the
+// option table's rows, which the decorator's keywords are; in C++ the simulated backend's
+// rows are the fields of Options::sim (`sim.compute="shapes"` for sim_compute). Nothing is
+// process-wide: each call is told in its own caller's words, whatever else its process has
+// called.
 #pragma once
 
 #include <string>
@@ -31,8 +31,6 @@ class Spelling {
   // How to turn off another timeout: --hang-timeout none / hang_timeout=None /
   // Options::hang_timeout = sgpu::kNoTimeout.
   std::string none(std::string_view setting) const;
-
-  FrontEnd front_end() const { return front_end_; }
 
  private:
   FrontEnd front_end_;

@@ -424,8 +424,7 @@ std::string Attempt::folded_summary(bool held, const std::vector<MemoryStats>& m
   return "sgpu: " + std::to_string(slots_.size()) + " processes stood for " +
          std::to_string(world_size()) + " ranks: node 0's, each for its place on every one of " +
          std::to_string(world_nodes()) + " simulated nodes, and rank " +
-         std::to_string(slots_[second].rank) + ", " + did + " (" +
-         contract::Spelling(call_.options.front_end)("sim_fold") + ")\n";
+         std::to_string(slots_[second].rank) + ", " + did + " (" + fold_setting() + ")\n";
 }
 
 // What a rank of a folded world stood for, for its failure's line; "" where the world is not
@@ -434,18 +433,20 @@ std::string Attempt::folded_role(const RankSlot& slot) const {
   if (call_.folded_nodes <= 1) return "";
   if (slot.rank >= call_.options.gpus) {
     return "the second of local rank " + std::to_string(slot.local_rank) + "'s place, on the " +
-           "last of " + std::to_string(world_nodes()) + " simulated nodes (" +
-           contract::Spelling(call_.options.front_end)("sim_fold") + ")";
+           "last of " + std::to_string(world_nodes()) + " simulated nodes (" + fold_setting() + ")";
   }
   return "standing for local rank " + std::to_string(slot.local_rank) + " of every one of " +
-         std::to_string(world_nodes()) + " simulated nodes (" +
-         contract::Spelling(call_.options.front_end)("sim_fold") + ")";
+         std::to_string(world_nodes()) + " simulated nodes (" + fold_setting() + ")";
 }
 
 // A folded world's first of the last place (node 0's) and its second (the world's last
 // rank), by slot.
 std::pair<std::size_t, std::size_t> Attempt::folded_pair() const {
   return {static_cast<std::size_t>(call_.options.gpus - 1), slots_.size() - 1};
+}
+
+std::string Attempt::fold_setting() const {
+  return contract::Spelling(call_.options.front_end)("sim_fold");
 }
 
 std::exception_ptr Attempt::folding_unheld() const {
@@ -460,7 +461,7 @@ std::exception_ptr Attempt::folding_unheld() const {
   return std::make_exception_ptr(
       Error("sgpu: the folded world does not hold: " + why + ". Node 0's ranks cannot stand " +
             "for every node's where the program does not run its nodes alike: run it " +
-            "unfolded (without " + contract::Spelling(call_.options.front_end)("sim_fold") + ")"));
+            "unfolded (without " + fold_setting() + ")"));
 }
 
 }  // namespace sgpu::launcher

@@ -103,6 +103,7 @@ class Attempt final : private MonitorHooks {
   std::string folded_summary(bool held, const std::vector<MemoryStats>& memory) const;
   std::string folded_role(const RankSlot& slot) const;
   std::pair<std::size_t, std::size_t> folded_pair() const;
+  std::string fold_setting() const;  // sim_fold, as the call's caller writes it
 
   const CallSetup& call_;
   Peers& peers_;

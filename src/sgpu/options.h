@@ -93,7 +93,7 @@ struct SimOptions {
 // Who asks for the call, so that the advice in its errors names a setting as the caller
 // writes it: as a field of Options (kCpp, what a C++ program leaves), as a flag of the sgpu
 // command (kCommand), or as a keyword of the Python decorator (kPython). The sgpu command
-// and the Python package say which they are; the option table's rows take no part of it.
+// and the Python package set it; no keyword, flag or variable does.
 enum class FrontEnd { kCpp, kCommand, kPython };
 
 struct Options {
