@@ -414,13 +414,7 @@ py::bytes read_call() { return py::bytes(rank::read_call(serialize::RecordKind::
 void bind_device() { rank::bind_rank_device(); }
 
 void write_result(const py::bytes& result, std::size_t limit) {
-  try {
-    rank::write_result(std::string_view(result), limit);
-  } catch (const serialize::RecordTooLarge& e) {
-    raise_as_python("too_large",
-                    std::string(e.what()) + "; " + rank::too_large_advice(FrontEnd::kPython));
-    throw py::error_already_set();
-  }
+  rank::write_result(std::string_view(result), limit, FrontEnd::kPython);
 }
 
 void write_error(std::string type, std::string message, std::vector<std::string> traceback,

@@ -369,11 +369,11 @@ void run_rank() {
     bind_rank_device();
     // A simulated GPU's work, timed as on the node's (a GPU's own is what it is).
     if (env.backend == contract::kSimBackend) time_operators();
-    write_result(entry(function, record.signature, record.args), record.max_payload_bytes);
-  } catch (const serialize::RecordTooLarge& e) {
     // A function's ranks are a C++ caller's (start_call).
-    fail("sgpu::ResultTooLarge",
-         std::string("result ") + e.what() + "; " + too_large_advice(FrontEnd::kCpp));
+    write_result(entry(function, record.signature, record.args), record.max_payload_bytes,
+                 FrontEnd::kCpp);
+  } catch (const serialize::RecordTooLarge& e) {
+    fail("sgpu::ResultTooLarge", std::string("result ") + e.what());
   } catch (const c10::Error& e) {  // its message, not libtorch's C++ backtrace
     fail(current_exception_type(), e.what_without_backtrace());
   } catch (const std::exception& e) {

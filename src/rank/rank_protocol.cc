@@ -15,8 +15,10 @@ std::string read_call(serialize::RecordKind kind) {
                                      std::size_t{1} << 40);
 }
 
-void write_result(std::string_view result, std::size_t limit) {
-  if (result.size() > limit) throw serialize::RecordTooLarge(result.size(), limit);
+void write_result(std::string_view result, std::size_t limit, FrontEnd front_end) {
+  if (result.size() > limit) {
+    throw serialize::RecordTooLarge(result.size(), limit, too_large_advice(front_end));
+  }
   const contract::RankFolder folder{contract::read_rank_environment().rank_dir};
   serialize::write_record_file(folder.result(), serialize::RecordKind::kResult, result);
 }

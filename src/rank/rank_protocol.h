@@ -18,8 +18,9 @@ namespace sgpu::rank {
 // The staged call (call.bin) as a record of `kind`.
 std::string read_call(serialize::RecordKind kind);
 
-// The rank's result; RecordTooLarge, with nothing written, over `limit`.
-void write_result(std::string_view result, std::size_t limit);
+// The rank's result; RecordTooLarge, with nothing written, over `limit`, its advice as
+// `front_end` names the setting (too_large_advice).
+void write_result(std::string_view result, std::size_t limit, FrontEnd front_end);
 
 // What to do about a result over the limit, as `front_end` names the setting: "raise
 // max_payload_bytes or return less" (Options::max_payload_bytes in C++).

@@ -58,8 +58,9 @@ std::string size_text(std::size_t bytes) {
 
 }  // namespace
 
-RecordTooLarge::RecordTooLarge(std::size_t size, std::size_t limit)
-    : RecordError("record of " + size_text(size) + " exceeds the limit of " + size_text(limit)),
+RecordTooLarge::RecordTooLarge(std::size_t size, std::size_t limit, const std::string& advice)
+    : RecordError("record of " + size_text(size) + " exceeds the limit of " + size_text(limit) +
+                  (advice.empty() ? "" : "; " + advice)),
       size_(size),
       limit_(limit) {}
 

@@ -29,7 +29,9 @@ class RecordError : public std::runtime_error {
 
 class RecordTooLarge : public RecordError {
  public:
-  RecordTooLarge(std::size_t size, std::size_t limit);
+  // "record of N bytes exceeds the limit of M bytes", then "; " and `advice` where there is
+  // some (what the caller can change, which a record does not know).
+  RecordTooLarge(std::size_t size, std::size_t limit, const std::string& advice = "");
   std::size_t size() const { return size_; }
   std::size_t limit() const { return limit_; }
 
